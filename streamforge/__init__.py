@@ -1,0 +1,32 @@
+"""streamforge: stream packed token blocks from sharded tar/zstd corpora on object storage."""
+
+from .errors import (
+    ConfigError,
+    ManifestError,
+    ResumeMismatchError,
+    ShardCorruptError,
+    SourceError,
+    StorageError,
+    StreamforgeError,
+)
+from .format.manifest import Manifest, ShardInfo
+from .format.reader import read_records
+from .format.writer import ShardWriter
+
+__version__ = "0.1.0"
+
+__all__ = sorted(
+    [
+        "ConfigError",
+        "Manifest",
+        "ManifestError",
+        "ResumeMismatchError",
+        "ShardCorruptError",
+        "ShardInfo",
+        "ShardWriter",
+        "SourceError",
+        "StorageError",
+        "StreamforgeError",
+        "read_records",
+    ]
+)

@@ -1,0 +1,35 @@
+"""Every exception streamforge raises.
+
+One base class, and a few subclasses a caller can act on. Each also derives from the builtin
+that fits, so ``except ValueError`` / ``except OSError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class StreamforgeError(Exception):
+    """Base class of all streamforge errors."""
+
+
+class ConfigError(StreamforgeError, ValueError):
+    """A constructor argument or a combination of arguments is invalid."""
+
+
+class SourceError(StreamforgeError, ValueError):
+    """A conversion source (Megatron .bin/.idx, flat .bin, .npy, jsonl...) is malformed."""
+
+
+class ManifestError(StreamforgeError, ValueError):
+    """A stream's manifest is missing, malformed, or of another format version."""
+
+
+class ShardCorruptError(StreamforgeError, OSError):
+    """A shard's bytes do not match its manifest or do not decode."""
+
+
+class StorageError(StreamforgeError, OSError):
+    """A storage operation failed after all retries (names url, shard, frame and record)."""
+
+
+class ResumeMismatchError(StreamforgeError, ValueError):
+    """A saved loader state cannot be applied to this loader."""

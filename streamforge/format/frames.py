@@ -1,0 +1,109 @@
+"""The zstd frame layout of a shard and its seek index.
+
+A shard is a sequence of independent zstd frames, each starting at a record boundary of the
+tar stream and carrying zstd's content checksum and content size, followed by one zstd
+*skippable* frame that holds the shard index. ``zstd -dc`` ignores skippable frames, so the
+concatenated frames decompress to a plain tar archive.
+
+Index payload (all little-endian)::
+
+    magic   8s   b"SFINDEX1"
+    num_frames   u32
+    num_records  u32
+    num_tokens   u64
+    frames  num_frames  x (comp_offset u64, comp_size u32, raw_size u32, first_record u32)
+    records num_records x (token_offset u32, num_tokens u32, meta_offset u32, meta_size u32)
+
+``token_offset`` and ``meta_offset`` are byte offsets inside the frame's decompressed bytes;
+``meta_size`` 0 means the record has no metadata member. The manifest stores each shard's
+``index_offset``/``index_bytes`` so a reader fetches the index with one ranged request, and
+any record with one more: at most one frame's bytes precede it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShardCorruptError
+
+SKIPPABLE_MAGIC = 0x184D2A5B  # one of zstd's 16 skippable-frame magics (0x184D2A50-5F)
+ZSTD_MAGIC = 0xFD2FB528
+INDEX_MAGIC = b"SFINDEX1"
+_INDEX_HEAD = struct.Struct("<8sIIQ")
+
+FRAME_DTYPE = np.dtype(
+    [("comp_offset", "<u8"), ("comp_size", "<u4"), ("raw_size", "<u4"), ("first_record", "<u4")]
+)
+RECORD_DTYPE = np.dtype(
+    [("token_offset", "<u4"), ("num_tokens", "<u4"), ("meta_offset", "<u4"), ("meta_size", "<u4")]
+)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """The decoded seek index of one shard."""
+
+    frames: np.ndarray  # FRAME_DTYPE
+    records: np.ndarray  # RECORD_DTYPE
+    num_tokens: int
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.frames)
+
+    @property
+    def num_records(self) -> int:
+        return len(self.records)
+
+    def frame_of_record(self, record: int | np.ndarray) -> np.ndarray | int:
+        """The frame holding ``record`` (vectorized)."""
+        return np.searchsorted(self.frames["first_record"], record, side="right") - 1
+
+    def record_stop(self, frame: int) -> int:
+        """One past the last record of ``frame``."""
+        if frame + 1 < len(self.frames):
+            return int(self.frames["first_record"][frame + 1])
+        return len(self.records)
+
+    def byte_range(self, first_frame: int, stop_frame: int) -> tuple[int, int]:
+        """The [start, stop) byte range of frames ``first_frame..stop_frame-1`` in the shard."""
+        start = int(self.frames["comp_offset"][first_frame])
+        last = stop_frame - 1
+        return start, int(self.frames["comp_offset"][last] + self.frames["comp_size"][last])
+
+
+def encode_index(frames: np.ndarray, records: np.ndarray, num_tokens: int) -> bytes:
+    """The skippable frame (header included) that stores a shard's index."""
+    payload = b"".join(
+        [
+            _INDEX_HEAD.pack(INDEX_MAGIC, len(frames), len(records), num_tokens),
+            frames.astype(FRAME_DTYPE, copy=False).tobytes(),
+            records.astype(RECORD_DTYPE, copy=False).tobytes(),
+        ]
+    )
+    return struct.pack("<II", SKIPPABLE_MAGIC, len(payload)) + payload
+
+
+def decode_index(blob: bytes, where: str) -> ShardIndex:
+    """Parse the skippable index frame ``blob``; ``where`` names the shard in errors."""
+    if len(blob) < 8 + _INDEX_HEAD.size:
+        raise ShardCorruptError(f"{where}: index frame truncated ({len(blob)} bytes)")
+    magic, size = struct.unpack_from("<II", blob)
+    if magic != SKIPPABLE_MAGIC or size != len(blob) - 8:
+        raise ShardCorruptError(
+            f"{where}: no index frame where the manifest says (magic {magic:#x}, size {size}, "
+            f"{len(blob) - 8} bytes present)"
+        )
+    head, num_frames, num_records, num_tokens = _INDEX_HEAD.unpack_from(blob, 8)
+    if head != INDEX_MAGIC:
+        raise ShardCorruptError(f"{where}: bad index magic {head!r}")
+    offset = 8 + _INDEX_HEAD.size
+    expected = offset + num_frames * FRAME_DTYPE.itemsize + num_records * RECORD_DTYPE.itemsize
+    if expected != len(blob):
+        raise ShardCorruptError(f"{where}: index is {len(blob)} bytes, its header implies {expected}")
+    frames = np.frombuffer(blob, FRAME_DTYPE, num_frames, offset)
+    records = np.frombuffer(blob, RECORD_DTYPE, num_records, offset + frames.nbytes)
+    return ShardIndex(frames=frames, records=records, num_tokens=num_tokens)

@@ -1,0 +1,203 @@
+"""The stream manifest, ``index.json``.
+
+Opening a stream reads this one file: no bucket listing, no per-shard request. The shard
+table is stored column-wise (one JSON list per field) because a list of 100k small objects
+parses several times slower than a few lists of 100k numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from ..errors import ManifestError
+from ..storage.open import join, open_url
+
+FORMAT_NAME = "streamforge"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "index.json"
+TOKEN_DTYPES = ("uint16", "uint32")
+
+_INT_COLUMNS = ("bytes", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes")
+
+
+def shard_name(shard: int, compressed: bool = True) -> str:
+    return f"shard-{shard:06d}.tar" + (".zst" if compressed else "")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One row of the shard table."""
+
+    name: str
+    bytes: int
+    sha256: str
+    num_records: int
+    num_tokens: int
+    num_frames: int
+    index_offset: int
+    index_bytes: int
+    first_record: int
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """A stream's manifest: dtype, special tokens, shard table, totals, provenance."""
+
+    token_dtype: str
+    shard_names: list[str]
+    shard_sha256: list[str]
+    columns: dict[str, np.ndarray]  # _INT_COLUMNS -> int64 arrays, one entry per shard
+    eos_id: int | None = None
+    vocab_size: int | None = None
+    docs_end_with_eos: bool = False
+    conversion: dict[str, Any] = field(default_factory=dict)
+    source_fingerprint: str | None = None
+    url: str | None = None  # where it was loaded from; never part of the fingerprint
+
+    # -- totals ---------------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_names)
+
+    @property
+    def num_records(self) -> int:
+        return int(self.columns["num_records"].sum())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.columns["num_tokens"].sum())
+
+    @property
+    def num_bytes(self) -> int:
+        return int(self.columns["bytes"].sum())
+
+    @cached_property
+    def first_records(self) -> np.ndarray:
+        """Stream-wide index of each shard's first record."""
+        counts = self.columns["num_records"]
+        return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+    @cached_property
+    def shards(self) -> list[ShardInfo]:
+        c = self.columns
+        return [
+            ShardInfo(
+                name=self.shard_names[i],
+                sha256=self.shard_sha256[i],
+                first_record=int(self.first_records[i]),
+                **{k: int(c[k][i]) for k in _INT_COLUMNS},
+            )
+            for i in range(self.num_shards)
+        ]
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of the stream's content: dtype, special tokens and every shard's hash.
+
+        It never includes the URL, so the same corpus copied elsewhere has the same one.
+        """
+        h = hashlib.sha256()
+        head = [self.token_dtype, self.eos_id, self.docs_end_with_eos, self.num_shards]
+        h.update(json.dumps(head).encode())
+        for name, digest, n in zip(
+            self.shard_names, self.shard_sha256, self.columns["num_records"].tolist()
+        ):
+            h.update(f"{name}:{digest}:{n};".encode())
+        return h.hexdigest()[:32]
+
+    # -- (de)serialization ----------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        shards: dict[str, Any] = {"name": self.shard_names, "sha256": self.shard_sha256}
+        shards.update({k: self.columns[k].tolist() for k in _INT_COLUMNS})
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "token_dtype": self.token_dtype,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "docs_end_with_eos": self.docs_end_with_eos,
+            "num_shards": self.num_shards,
+            "num_records": self.num_records,
+            "num_tokens": self.num_tokens,
+            "num_bytes": self.num_bytes,
+            "shards": shards,
+            "conversion": self.conversion,
+            "source_fingerprint": self.source_fingerprint,
+        }
+
+    def dumps(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], url: str | None = None) -> Manifest:
+        where = url or "manifest"
+        if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+            raise ManifestError(f"{where}: not a {FORMAT_NAME} manifest")
+        if data.get("version") != FORMAT_VERSION:
+            raise ManifestError(
+                f"{where}: format version {data.get('version')!r}, this streamforge reads "
+                f"version {FORMAT_VERSION}"
+            )
+        try:
+            shards = data["shards"]
+            columns = {k: np.asarray(shards[k], dtype=np.int64) for k in _INT_COLUMNS}
+            names, digests = list(shards["name"]), list(shards["sha256"])
+            token_dtype = data["token_dtype"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: malformed shard table ({exc!r})") from exc
+        if token_dtype not in TOKEN_DTYPES:
+            raise ManifestError(f"{where}: token_dtype {token_dtype!r} not in {TOKEN_DTYPES}")
+        lengths = {len(names), len(digests), *(len(v) for v in columns.values())}
+        if len(lengths) != 1:
+            raise ManifestError(f"{where}: shard table columns have different lengths")
+        manifest = cls(
+            token_dtype=token_dtype,
+            shard_names=names,
+            shard_sha256=digests,
+            columns=columns,
+            eos_id=data.get("eos_id"),
+            vocab_size=data.get("vocab_size"),
+            docs_end_with_eos=bool(data.get("docs_end_with_eos", False)),
+            conversion=data.get("conversion") or {},
+            source_fingerprint=data.get("source_fingerprint"),
+            url=url,
+        )
+        for key in ("num_shards", "num_records", "num_tokens"):
+            if key in data and data[key] != getattr(manifest, key):
+                raise ManifestError(
+                    f"{where}: {key} says {data[key]}, the shard table sums to "
+                    f"{getattr(manifest, key)}"
+                )
+        return manifest
+
+    @classmethod
+    def loads(cls, blob: bytes, url: str | None = None) -> Manifest:
+        try:
+            data = json.loads(blob)
+        except ValueError as exc:
+            raise ManifestError(f"{url or 'manifest'}: not valid JSON ({exc})") from exc
+        return cls.from_json(data, url)
+
+    @classmethod
+    def load(cls, url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+        """Read ``<url>/index.json``; one request, no listing."""
+        url = str(url)
+        fs, path = open_url(url, storage_options)
+        target = join(path, MANIFEST_NAME)
+        try:
+            blob = fs.cat_file(target)
+        except FileNotFoundError as exc:
+            raise ManifestError(
+                f"{url}: no {MANIFEST_NAME} (not a streamforge stream, or its conversion did "
+                "not finish)"
+            ) from exc
+        return cls.loads(blob, url)
+
+    def token_np_dtype(self) -> np.dtype:
+        return np.dtype(self.token_dtype).newbyteorder("<")

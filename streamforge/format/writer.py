@@ -1,0 +1,344 @@
+"""Writing shards and manifests.
+
+Shard and frame boundaries are a pure function of the records' archive sizes (``cut_points``),
+so a parallel converter can place every record before writing a byte, and any number of
+workers produces the same files. A dataset becomes visible only when its manifest is
+written, after every shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import zstandard
+
+from ..errors import ConfigError
+from ..storage.open import join, open_url
+from .frames import FRAME_DTYPE, RECORD_DTYPE, encode_index
+from .manifest import MANIFEST_NAME, TOKEN_DTYPES, Manifest, shard_name
+from .tar import END_OF_ARCHIVE, encode_record, record_nbytes
+
+DEFAULT_SHARD_SIZE = 64 << 20
+DEFAULT_FRAME_SIZE = 256 << 10
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_size(size: int | str) -> int:
+    """``"64MiB"`` -> 67108864; plain ints pass through. Accepts k/M/G/T with or without i/B."""
+    if isinstance(size, (int, np.integer)):
+        value = int(size)
+    else:
+        match = _SIZE_RE.match(str(size))
+        if not match:
+            raise ConfigError(f"cannot parse size {size!r} (examples: 65536, '256KiB', '64MiB')")
+        unit = (match.group(2) or "").lower()
+        base = 1024 ** "bkmgt".index(unit[0]) if unit.endswith("ib") or unit.endswith("i") else None
+        mult = base if base is not None else _UNITS[unit[:1]]
+        value = int(float(match.group(1)) * mult)
+    if value <= 0:
+        raise ConfigError(f"size must be positive, got {size!r}")
+    return value
+
+
+def cut_points(nbytes: Sequence[int] | np.ndarray, target: int) -> list[int]:
+    """Start indices of the groups when items of ``nbytes`` are packed greedily up to ``target``.
+
+    An item opens a new group when the current group is non-empty and would pass the target,
+    so a group holds at least one item and an oversized item stands alone.
+    """
+    starts: list[int] = []
+    current = 0
+    for i, size in enumerate(np.asarray(nbytes, dtype=np.int64).tolist()):
+        if not starts or (current > 0 and current + size > target):
+            starts.append(i)
+            current = 0
+        current += size
+    return starts
+
+
+def choose_token_dtype(max_token: int, vocab_size: int | None = None) -> str:
+    """uint16 when every id (and the vocabulary, if known) fits, else uint32."""
+    top = max(max_token, (vocab_size - 1) if vocab_size else 0)
+    if top < 2**16:
+        return "uint16"
+    if top < 2**32:
+        return "uint32"
+    raise ConfigError(f"token id {top} does not fit in uint32")
+
+
+def encode_meta(meta: Any) -> bytes | None:
+    if meta is None:
+        return None
+    return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass
+class EncodedShard:
+    """One shard's file bytes and its manifest row."""
+
+    parts: list[bytes]
+    row: dict[str, Any]
+
+
+def encode_shard(
+    records: Iterable[tuple[int, np.ndarray, bytes | None]],
+    *,
+    frame_size: int = DEFAULT_FRAME_SIZE,
+    compression_level: int = 3,
+) -> EncodedShard:
+    """Encode ``(record_idx, tokens, meta_json)`` triples into one shard.
+
+    ``tokens`` must already be of the stream's token dtype (little-endian).
+    """
+    records = list(records)
+    nbytes = [record_nbytes(t.size, t.dtype.itemsize, None if m is None else len(m)) for _, t, m in records]
+    frame_starts = cut_points(nbytes, frame_size) if records else [0]
+    compressor = zstandard.ZstdCompressor(
+        level=compression_level, write_checksum=True, write_content_size=True
+    )
+    frames = np.zeros(len(frame_starts), FRAME_DTYPE)
+    table = np.zeros(len(records), RECORD_DTYPE)
+    parts: list[bytes] = []
+    comp_offset = 0
+    num_tokens = 0
+    bounds = frame_starts[1:] + [len(records)]
+    for f, (lo, hi) in enumerate(zip(frame_starts, bounds)):
+        raw: list[bytes] = []
+        pos = 0
+        for r in range(lo, hi):
+            record_idx, tokens, meta = records[r]
+            rec_parts, token_offset = encode_record(record_idx, tokens, meta)
+            table[r] = (pos + token_offset, tokens.size, 0, 0)
+            if meta is not None:
+                meta_offset = pos + nbytes[r] - len(meta) - (-len(meta)) % 512
+                table[r]["meta_offset"], table[r]["meta_size"] = meta_offset, len(meta)
+            raw.extend(rec_parts)
+            pos += nbytes[r]
+            num_tokens += tokens.size
+        if f == len(frame_starts) - 1:
+            raw.append(END_OF_ARCHIVE)
+        blob = b"".join(raw)
+        comp = compressor.compress(blob)
+        frames[f] = (comp_offset, len(comp), len(blob), lo)
+        parts.append(comp)
+        comp_offset += len(comp)
+    index = encode_index(frames, table, num_tokens)
+    parts.append(index)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    row = {
+        "bytes": comp_offset + len(index),
+        "sha256": digest.hexdigest(),
+        "num_records": len(records),
+        "num_tokens": num_tokens,
+        "num_frames": len(frames),
+        "index_offset": comp_offset,
+        "index_bytes": len(index),
+    }
+    return EncodedShard(parts=parts, row=row)
+
+
+def write_shard(fs, path: str, shard: int, encoded: EncodedShard) -> dict[str, Any]:
+    """Write one encoded shard as ``<path>/shard-NNNNNN.tar.zst``; returns its manifest row."""
+    name = shard_name(shard)
+    with fs.open(join(path, name), "wb") as out:
+        for part in encoded.parts:
+            out.write(part)
+    return {"name": name, **encoded.row}
+
+
+def build_manifest(
+    rows: list[dict[str, Any]],
+    *,
+    token_dtype: str,
+    eos_id: int | None,
+    vocab_size: int | None,
+    docs_end_with_eos: bool,
+    conversion: dict[str, Any] | None = None,
+    source_fingerprint: str | None = None,
+) -> Manifest:
+    columns = {
+        k: np.asarray([r[k] for r in rows], dtype=np.int64)
+        for k in ("bytes", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes")
+    }
+    return Manifest(
+        token_dtype=token_dtype,
+        shard_names=[r["name"] for r in rows],
+        shard_sha256=[r["sha256"] for r in rows],
+        columns=columns,
+        eos_id=eos_id,
+        vocab_size=vocab_size,
+        docs_end_with_eos=docs_end_with_eos,
+        conversion=conversion or {},
+        source_fingerprint=source_fingerprint,
+    )
+
+
+def write_manifest(fs, path: str, manifest: Manifest) -> None:
+    """Write ``index.json`` last; the dataset exists from this moment on."""
+    with fs.open(join(path, MANIFEST_NAME), "wb") as out:
+        out.write(manifest.dumps())
+
+
+def prepare_output(
+    fs, path: str, url: str, *, source_fingerprint: str | None, overwrite: bool
+) -> None:
+    """Refuse an output prefix that already holds a different dataset.
+
+    The same source converted with the same parameters may be written again (the bytes are
+    identical); with ``overwrite`` the old manifest is removed first, so a half-rewritten
+    prefix never opens as a complete stream.
+    """
+    target = join(path, MANIFEST_NAME)
+    if not fs.exists(target):
+        return
+    try:
+        existing = Manifest.loads(fs.cat_file(target), url)
+    except Exception:  # noqa: BLE001 - any unreadable manifest is "a different dataset"
+        existing = None
+    same = (
+        existing is not None
+        and source_fingerprint is not None
+        and existing.source_fingerprint == source_fingerprint
+    )
+    if same:
+        return
+    if not overwrite:
+        what = (
+            f"{existing.num_shards} shards, {existing.num_records} records, source "
+            f"fingerprint {existing.source_fingerprint}"
+            if existing is not None
+            else "an unreadable manifest"
+        )
+        raise ConfigError(
+            f"{url} already holds a different dataset ({what}); write to another prefix, or "
+            "pass overwrite=True / --overwrite to replace it"
+        )
+    fs.rm(target)
+
+
+class ShardWriter:
+    """Append documents one at a time; shards are written as they fill, the manifest last.
+
+    >>> with ShardWriter("/tmp/stream", token_dtype="uint16", eos_id=0) as w:  # doctest: +SKIP
+    ...     w.write(np.array([5, 6, 7]))
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token_dtype: str = "uint16",
+        shard_size: int | str = "64MiB",
+        frame_size: int | str = DEFAULT_FRAME_SIZE,
+        compression_level: int = 3,
+        eos_id: int | None = None,
+        vocab_size: int | None = None,
+        docs_end_with_eos: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        conversion: dict[str, Any] | None = None,
+        source_fingerprint: str | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        if token_dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"token_dtype must be one of {TOKEN_DTYPES}, got {token_dtype!r}")
+        if vocab_size is not None and vocab_size > np.iinfo(token_dtype).max + 1:
+            raise ConfigError(f"vocab_size {vocab_size} does not fit token_dtype {token_dtype}")
+        self.url = str(url)
+        self.token_dtype = token_dtype
+        self._dtype = np.dtype(token_dtype).newbyteorder("<")
+        self.shard_size = parse_size(shard_size)
+        self.frame_size = parse_size(frame_size)
+        self.compression_level = int(compression_level)
+        self.eos_id = eos_id
+        self.vocab_size = vocab_size
+        self.docs_end_with_eos = docs_end_with_eos
+        self.conversion = dict(conversion or {})
+        self.source_fingerprint = source_fingerprint
+        self._fs, self._path = open_url(self.url, storage_options)
+        self._fs.makedirs(self._path, exist_ok=True)  # a no-op on object stores
+        prepare_output(
+            self._fs, self._path, self.url, source_fingerprint=source_fingerprint, overwrite=overwrite
+        )
+        self._pending: list[tuple[int, np.ndarray, bytes | None]] = []
+        self._pending_bytes = 0
+        self._rows: list[dict[str, Any]] = []
+        self._num_records = 0
+        self._manifest: Manifest | None = None
+
+    def write(self, tokens: Any, meta: Any = None) -> int:
+        """Append one document; returns its record index in the stream."""
+        if self._manifest is not None:
+            raise ConfigError(f"{self.url}: write() after close()")
+        array = np.asarray(tokens)
+        record_idx = self._num_records
+        if array.ndim != 1:
+            raise ConfigError(f"{self.url}: record {record_idx}: tokens must be 1-D, got {array.shape}")
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise ConfigError(f"{self.url}: record {record_idx}: tokens must be integers, got {array.dtype}")
+        if array.size:
+            low, high = int(array.min()), int(array.max())
+            limit = self.vocab_size if self.vocab_size is not None else np.iinfo(self._dtype).max + 1
+            if low < 0 or high >= limit:
+                bad = low if low < 0 else high
+                what = f"vocab_size {self.vocab_size}" if self.vocab_size else self.token_dtype
+                raise ConfigError(f"{self.url}: record {record_idx}: token id {bad} outside {what}")
+        array = array.astype(self._dtype, copy=False)
+        meta_json = encode_meta(meta)
+        size = record_nbytes(array.size, array.dtype.itemsize, None if meta_json is None else len(meta_json))
+        if self._pending and self._pending_bytes + size > self.shard_size:
+            self._flush()
+        self._pending.append((record_idx, array, meta_json))
+        self._pending_bytes += size
+        self._num_records += 1
+        return record_idx
+
+    def _flush(self) -> None:
+        encoded = encode_shard(
+            self._pending, frame_size=self.frame_size, compression_level=self.compression_level
+        )
+        self._rows.append(write_shard(self._fs, self._path, len(self._rows), encoded))
+        self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> Manifest:
+        """Write the last shard, then the manifest; returns the manifest."""
+        if self._manifest is not None:
+            return self._manifest
+        if self._pending:
+            self._flush()
+        if not self._rows:
+            raise ConfigError(f"{self.url}: no documents were written; refusing to create an empty stream")
+        conversion = {
+            "shard_size": self.shard_size,
+            "frame_size": self.frame_size,
+            "compression_level": self.compression_level,
+            **self.conversion,
+        }
+        manifest = build_manifest(
+            self._rows,
+            token_dtype=self.token_dtype,
+            eos_id=self.eos_id,
+            vocab_size=self.vocab_size,
+            docs_end_with_eos=self.docs_end_with_eos,
+            conversion=conversion,
+            source_fingerprint=self.source_fingerprint,
+        )
+        write_manifest(self._fs, self._path, manifest)
+        self._manifest = manifest
+        return manifest
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # On an exception the manifest is not written: the prefix never opens as complete.
+        if exc_type is None:
+            self.close()

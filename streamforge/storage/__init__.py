@@ -1,0 +1,1 @@
+"""Storage: fsspec access, ranged reads with retries, prefetch and a local cache."""
