@@ -12,6 +12,10 @@ from .errors import (
 from .format.manifest import Manifest, ShardInfo
 from .format.reader import read_records
 from .format.writer import ShardWriter
+from .dataset import PackedTokenDataset, Stream
+from .loader import StreamingLoader
+from .masks import cu_seqlens, document_block_mask, packed_causal_mask
+from .state import ResumeReport
 
 __version__ = "0.1.0"
 
@@ -28,5 +32,12 @@ __all__ = sorted(
         "StorageError",
         "StreamforgeError",
         "read_records",
+        "PackedTokenDataset",
+        "ResumeReport",
+        "Stream",
+        "StreamingLoader",
+        "cu_seqlens",
+        "document_block_mask",
+        "packed_causal_mask",
     ]
 )

@@ -1,0 +1,265 @@
+"""PackedTokenDataset: streams in, packed token blocks out.
+
+One worker's pipeline (``WorkerPipeline``)::
+
+    plan -> ShardReader -> ShuffleBuffer  (one pair per stream)
+                                   \\
+                                    Interleaver (token-share deficit) -> Packer -> RowBatch
+
+The dataset object holds configuration and the manifests (read once, in the constructing
+process; worker processes receive them pickled, so nothing is re-read or listed). Iterated
+directly, it is a torch ``IterableDataset`` yielding one block (a dict of tensors) at a
+time; ``StreamingLoader`` drives the same pipelines in bulk and tracks resumable state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .batch import RowBatch, expand
+from .errors import ConfigError
+from .format.manifest import Manifest
+from .format.reader import ShardSource
+from .stages.interleave import Interleaver
+from .stages.pack import MODES, Packer
+from .stages.read import ShardReader
+from .stages.shuffle import ShuffleBuffer
+from .storage.config import StorageConfig
+from .storage.fetch import ByteFetcher
+
+BOUNDARIES = ("document", "stream")
+
+
+@dataclass
+class Stream:
+    """One source of documents: a stream URL, its mixing weight and a stable name.
+
+    The name (default: ``stream<i>``, its position) keys seeds and state; the URL never
+    does, so the same corpus copied elsewhere gives the same batches.
+    """
+
+    url: str
+    weight: float = 1.0
+    name: str | None = None
+    storage_options: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    seq_len: int
+    seed: int
+    shuffle_buffer: int
+    packing: str
+    boundary: str
+    eos_id: int | None
+    pad_id: int
+    infinite: bool
+    provenance: bool
+    bestfit_window: int
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {self.seq_len}")
+        if self.shuffle_buffer < 1:
+            raise ConfigError(f"shuffle_buffer must be >= 1 document, got {self.shuffle_buffer}")
+        if self.packing not in MODES:
+            raise ConfigError(f"packing must be one of {MODES}, got {self.packing!r}")
+        if self.boundary not in BOUNDARIES:
+            raise ConfigError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
+        if self.bestfit_window < 1:
+            raise ConfigError(f"bestfit_window must be >= 1, got {self.bestfit_window}")
+
+
+def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world_size): explicit values, else torch.distributed, else RANK/WORLD_SIZE, else 0/1."""
+    if rank is None or world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank() if rank is None else rank
+            world_size = torch.distributed.get_world_size() if world_size is None else world_size
+        else:
+            rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+            world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is not in 0..world_size-1 (world_size {world_size})")
+    return int(rank), int(world_size)
+
+
+def _normalize_streams(streams: Any) -> list[Stream]:
+    if isinstance(streams, (str, os.PathLike, Stream)):
+        streams = [streams]
+    out = [s if isinstance(s, Stream) else Stream(str(s)) for s in streams]
+    if not out:
+        raise ConfigError("at least one stream is needed")
+    names = [s.name or f"stream{i}" for i, s in enumerate(out)]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"stream names must be unique, got {names}")
+    for s in out:
+        if not s.weight >= 0:
+            raise ConfigError(f"stream {s.name or s.url}: weight must be >= 0, got {s.weight}")
+    if sum(s.weight for s in out) <= 0:
+        raise ConfigError("at least one stream needs a positive weight")
+    return [Stream(str(s.url), float(s.weight), n, s.storage_options) for s, n in zip(out, names)]
+
+
+class PackedTokenDataset(IterableDataset):
+    """Fixed-length token blocks with document masks from one or more weighted streams."""
+
+    def __init__(
+        self,
+        streams: Stream | str | Sequence[Stream | str],
+        *,
+        seq_len: int,
+        seed: int = 0,
+        shuffle_buffer: int = 8192,
+        packing: str = "concat",
+        boundary: str = "document",
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        infinite: bool = False,
+        provenance: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        bestfit_window: int = 512,
+        storage: StorageConfig | None = None,
+        manifests: Sequence[Manifest] | None = None,
+    ) -> None:
+        self.streams = _normalize_streams(streams)
+        self.manifests = list(manifests) if manifests is not None else [
+            Manifest.load(s.url, s.storage_options) for s in self.streams
+        ]
+        self.storage = storage or StorageConfig()
+        eos = self._resolve_eos(eos_id)
+        self.config = PipelineConfig(
+            seq_len=int(seq_len), seed=int(seed), shuffle_buffer=int(shuffle_buffer),
+            packing=packing, boundary=boundary, eos_id=eos, pad_id=int(pad_id),
+            infinite=bool(infinite), provenance=bool(provenance), bestfit_window=int(bestfit_window),
+        )
+        self.rank, self.world_size = resolve_topology(rank, world_size)
+        widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
+        self.token_dtype = np.dtype(f"<u{widest}")
+
+    def _resolve_eos(self, eos_id: int | None) -> int | None:
+        """The EOS id appended to documents that lack one (None: nothing to append)."""
+        need = [s.name for s, m in zip(self.streams, self.manifests) if not m.docs_end_with_eos]
+        if eos_id is not None:
+            return int(eos_id)
+        known = {m.eos_id for m in self.manifests if m.eos_id is not None}
+        if len(known) > 1:
+            raise ConfigError(f"streams disagree on eos_id ({sorted(known)}); pass eos_id=")
+        if need and not known:
+            raise ConfigError(
+                f"streams {need} have documents without a trailing EOS and no eos_id is known "
+                "(none in their manifests); pass eos_id="
+            )
+        return known.pop() if (need and known) else None
+
+    @property
+    def stream_names(self) -> list[str]:
+        return [s.name for s in self.streams]
+
+    @property
+    def weights(self) -> list[float]:
+        return [s.weight for s in self.streams]
+
+    def describe(self) -> dict[str, Any]:
+        """Everything the batch sequence depends on, apart from the loader's batch size and
+        workers (plain data; the basis of resume fingerprints)."""
+        return {
+            "streams": [
+                {"name": s.name, "weight": s.weight, "manifest": m.fingerprint}
+                for s, m in zip(self.streams, self.manifests)
+            ],
+            "world_size": self.world_size,
+            **asdict(self.config),
+        }
+
+    # -- pipelines -------------------------------------------------------------------------
+    def make_pipeline(self, worker: int, num_workers: int, first_pass: int = 0) -> WorkerPipeline:
+        return WorkerPipeline(self, worker, num_workers, first_pass)
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        pipeline = self.make_pipeline(worker, num_workers)
+        try:
+            while True:
+                rows = pipeline.next_batch(1)
+                if rows is None:
+                    return
+                block = expand(rows, boundary=self.config.boundary, provenance=self.config.provenance)
+                yield {k: v[0] for k, v in block.items()}
+        finally:
+            pipeline.close()
+
+
+def _open_source(manifest: Manifest, stream: Stream, storage: StorageConfig) -> ShardSource:
+    fetcher = ByteFetcher(stream.url, stream.storage_options)
+    try:
+        return ShardSource(manifest, fetcher, config=storage)
+    except TypeError:  # TODO: remove once ShardSource takes config
+        return ShardSource(manifest, fetcher)
+
+
+class WorkerPipeline:
+    """The stages of one global worker, with their joint state."""
+
+    def __init__(self, dataset: PackedTokenDataset, worker: int, num_workers: int, first_pass: int) -> None:
+        cfg = dataset.config
+        self.dataset = dataset
+        self.global_worker = dataset.rank * num_workers + worker
+        self.num_global_workers = dataset.world_size * num_workers
+        self.sources = []
+        buffers = []
+        for stream, manifest in zip(dataset.streams, dataset.manifests):
+            source = _open_source(manifest, stream, dataset.storage)
+            reader = ShardReader(
+                source, seed=cfg.seed, stream_key=stream.name, global_worker=self.global_worker,
+                num_global_workers=self.num_global_workers, infinite=cfg.infinite, first_pass=first_pass,
+            )
+            eos = None if manifest.docs_end_with_eos else cfg.eos_id
+            buffers.append(ShuffleBuffer(
+                reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
+                global_worker=self.global_worker, eos_id=eos,
+            ))
+            self.sources.append(source)
+        self.buffers = buffers
+        self.interleaver = Interleaver(buffers, dataset.weights)
+        self.packer = Packer(
+            self.interleaver, seq_len=cfg.seq_len, mode=cfg.packing, pad_id=cfg.pad_id,
+            dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window,
+        )
+
+    def next_batch(self, num_rows: int) -> RowBatch | None:
+        return self.packer.next_rows(num_rows)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.packer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.packer.load_state_dict(state)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"truncated_tokens": self.packer.truncated_tokens}
+        for stream, source in zip(self.dataset.streams, self.sources):
+            stats = source.stats() if callable(getattr(source, "stats", None)) else {}
+            out[stream.name] = stats
+        return out
+
+    def skipped(self) -> list[dict[str, Any]]:
+        out = []
+        for stream, source in zip(self.dataset.streams, self.sources):
+            for item in getattr(source, "skipped", []) or []:
+                out.append({"stream": stream.name, **item})
+        return out
+
+    def close(self) -> None:
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()

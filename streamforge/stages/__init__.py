@@ -1,0 +1,1 @@
+"""Pipeline stages of one worker: read -> shuffle -> interleave -> pack."""

@@ -1,0 +1,125 @@
+"""ShardReader: the records of one stream assigned to one global worker, pass after pass.
+
+State is a cursor ``{"pass", "range", "offset"}``: the next record is ``offset`` records into
+range ``range`` of this worker's plan for ``pass``. Reading is in bulk (``read(n)`` returns
+up to n documents as one ``DocBatch``), and a read never crosses a pass boundary, so a
+caller sees where each pass ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..format.manifest import Manifest
+from ..format.reader import DocBatch, ShardSource
+from ..plan import Range, plan_for_manifest
+from .base import check_state
+
+_KEYS = ("pass", "range", "offset")
+
+
+class ShardReader:
+    def __init__(
+        self,
+        source: ShardSource,
+        *,
+        seed: int,
+        stream_key: str,
+        global_worker: int,
+        num_global_workers: int,
+        infinite: bool,
+        first_pass: int = 0,
+    ) -> None:
+        self.source = source
+        self.manifest: Manifest = source.manifest
+        self.seed = seed
+        self.stream_key = stream_key
+        self.global_worker = global_worker
+        self.num_global_workers = num_global_workers
+        self.infinite = infinite
+        self.first_pass = first_pass
+        self._set_cursor(first_pass, 0, 0)
+
+    # -- plan ------------------------------------------------------------------------------
+    def ranges_for(self, pass_idx: int) -> list[Range]:
+        plan = plan_for_manifest(
+            self.manifest,
+            seed=self.seed,
+            stream_key=self.stream_key,
+            pass_idx=pass_idx,
+            num_global_workers=self.num_global_workers,
+        )
+        return plan[self.global_worker]
+
+    def _set_cursor(self, pass_idx: int, range_idx: int, offset: int) -> None:
+        if getattr(self, "pass_idx", None) != pass_idx or not hasattr(self, "ranges"):
+            self.ranges = self.ranges_for(pass_idx)
+        self.pass_idx, self.range_idx, self.offset = pass_idx, range_idx, offset
+        self._announce()
+
+    def _announce(self) -> None:
+        """Tell the source which records come next, so it can prefetch them."""
+        plan_reads = getattr(self.source, "plan_reads", None)
+        if plan_reads is None:
+            return
+        upcoming = []
+        for i in range(self.range_idx, len(self.ranges)):
+            shard, start, stop = self.ranges[i]
+            if i == self.range_idx:
+                start += self.offset
+            if stop > start:
+                upcoming.append((shard, start, stop))
+        plan_reads(upcoming)
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def pass_done(self) -> bool:
+        return self.range_idx >= len(self.ranges)
+
+    def next_pass(self) -> bool:
+        """Move to the next pass if infinite; False when a finite reader is exhausted."""
+        if not self.infinite:
+            return False
+        self._set_cursor(self.pass_idx + 1, 0, 0)
+        return True
+
+    def read(self, max_records: int) -> DocBatch:
+        """Up to ``max_records`` documents of the current pass (fewer at its end)."""
+        parts = []
+        want = max_records
+        while want > 0 and self.range_idx < len(self.ranges):
+            shard, start, stop = self.ranges[self.range_idx]
+            lo = start + self.offset
+            hi = min(stop, lo + want)
+            parts.append(self.source.read(shard, lo, hi))
+            want -= hi - lo
+            if hi == stop:
+                self.range_idx, self.offset = self.range_idx + 1, 0
+            else:
+                self.offset = hi - start
+        return DocBatch.concat(parts, self.source.dtype)
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"pass": self.pass_idx, "range": self.range_idx, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, _KEYS, "ShardReader")
+        self._set_cursor(int(state["pass"]), int(state["range"]), int(state["offset"]))
+
+    def records_before(self, state: dict[str, Any]) -> int:
+        """Records of the pass that precede the cursor ``state`` (for progress and resume)."""
+        ranges = self.ranges if state["pass"] == self.pass_idx else self.ranges_for(state["pass"])
+        done = sum(b - a for _, a, b in ranges[: state["range"]])
+        return done + int(state["offset"])
+
+    def pass_records(self, pass_idx: int | None = None) -> int:
+        ranges = self.ranges if pass_idx in (None, self.pass_idx) else self.ranges_for(pass_idx)
+        return int(sum(b - a for _, a, b in ranges))
+
+
+def record_positions(batch: DocBatch) -> np.ndarray:
+    """(shard, record) pairs of a batch as an [n, 2] array (for provenance and tests)."""
+    return np.stack([batch.shard, batch.record], axis=1)

@@ -1,0 +1,181 @@
+"""ShuffleBuffer: a seeded window shuffle of one stream's documents.
+
+The buffer reads a window of ``size`` documents from its reader, permutes them with a key
+derived from (seed, stream, pass, global worker, window), and hands them out in that order,
+token by token if the consumer wants (a document may be split across blocks).
+
+State is the reader's cursor at the window start, the window number, and how far into the
+window the consumer is (``pos`` documents plus ``token_offset`` tokens of the next one).
+Restoring re-reads exactly that window (one window of frames, the same work as filling it on
+a fresh start) and skips ``pos``: it never replays the pass.
+
+Why a window shuffle and not a reservoir (random-replacement) buffer: in a reservoir, the
+time a document stays buffered is geometric, so restoring one re-reads records spread over
+~ln(records per frame) windows; a window bounds the restore to one window of frames, which is
+what keeps resume latency level with a fresh start. The shard order and each worker's range
+order are reshuffled every pass on top of this (see plan.py).
+
+Zero-length records are dropped here; with ``eos_id`` set, EOS is appended to each document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..rng import derive_key, permutation
+from .base import check_state
+from .read import ShardReader
+
+_KEYS = ("reader", "window", "loaded", "pos", "token_offset")
+
+
+class ShuffleBuffer:
+    def __init__(
+        self,
+        reader: ShardReader,
+        *,
+        size: int,
+        seed: int,
+        stream_key: str,
+        global_worker: int,
+        eos_id: int | None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"shuffle buffer size must be >= 1, got {size}")
+        self.reader = reader
+        self.size = size
+        self.seed = seed
+        self.stream_key = stream_key
+        self.global_worker = global_worker
+        self.eos_id = eos_id
+        self.window_idx = 0  # index within the pass of the loaded (or next) window
+        self._window_start = reader.state_dict()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.loaded = False
+        self.tokens = None
+        self.offsets = None
+        self.shard = None
+        self.record = None
+        self.pos = 0
+        self.token_offset = 0
+
+    # -- windows ---------------------------------------------------------------------------
+    def _load(self) -> bool:
+        """Load the next non-empty window; False when a finite stream is exhausted."""
+        while True:
+            if self.reader.pass_done:
+                if not self.reader.next_pass():
+                    self._window_start = self.reader.state_dict()
+                    return False
+                self.window_idx = 0
+            self._window_start = self.reader.state_dict()
+            docs = self.reader.read(self.size)
+            if self._build(docs):
+                return True
+            self.window_idx += 1
+
+    def _build(self, docs) -> bool:
+        lengths = docs.lengths
+        keep = np.flatnonzero(lengths > 0)
+        if len(keep) == 0:
+            return False
+        key = derive_key("window", self.seed, self.stream_key, self.reader.pass_idx,
+                         self.global_worker, self.window_idx)
+        order = keep[permutation(len(keep), key)]
+        starts = docs.offsets[order]
+        lens = lengths[order]
+        src = docs.tokens
+        if self.eos_id is None:
+            pieces = [src[s : s + n] for s, n in zip(starts.tolist(), lens.tolist())]
+            out_lens = lens
+        else:
+            eos = np.array([self.eos_id], dtype=src.dtype)
+            pieces = []
+            for s, n in zip(starts.tolist(), lens.tolist()):
+                pieces.append(src[s : s + n])
+                pieces.append(eos)
+            out_lens = lens + 1
+        self.tokens = np.concatenate(pieces)
+        self.offsets = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(out_lens, out=self.offsets[1:])
+        self.shard = docs.shard[order]
+        self.record = docs.record[order]
+        self.loaded = True
+        self.pos = 0
+        self.token_offset = 0
+        self._offsets_list = self.offsets.tolist()
+        self._shard_list = self.shard.tolist()
+        self._record_list = self.record.tolist()
+        return True
+
+    def _finish_window(self) -> None:
+        self._clear()
+        self.window_idx += 1
+        self._window_start = self.reader.state_dict()
+
+    # -- consumer API ----------------------------------------------------------------------
+    def remaining(self) -> int | None:
+        """Tokens left in the current document (loading a window if needed); None at the end."""
+        if not self.loaded and not self._load():
+            return None
+        return self._offsets_list[self.pos + 1] - self._offsets_list[self.pos] - self.token_offset
+
+    def doc_length(self) -> int:
+        """Full length of the current document (call after ``remaining()``)."""
+        return self._offsets_list[self.pos + 1] - self._offsets_list[self.pos]
+
+    def peek_token(self) -> int:
+        return int(self.tokens[self._offsets_list[self.pos] + self.token_offset])
+
+    def take(self, n: int) -> tuple[np.ndarray, int, int, int, bool]:
+        """Up to ``n`` tokens of the current document: (tokens, shard, record, token_start, done).
+
+        Call ``remaining()`` first; it guarantees a current document.
+        """
+        start = self._offsets_list[self.pos] + self.token_offset
+        stop = self._offsets_list[self.pos + 1]
+        k = min(n, stop - start)
+        piece = self.tokens[start : start + k]
+        meta = (self._shard_list[self.pos], self._record_list[self.pos], self.token_offset)
+        done = start + k == stop
+        if done:
+            self.pos += 1
+            self.token_offset = 0
+            if self.pos == len(self._record_list):
+                self._finish_window()
+        else:
+            self.token_offset += k
+        return piece, meta[0], meta[1], meta[2], done
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "reader": dict(self._window_start),
+            "window": self.window_idx,
+            "loaded": self.loaded,
+            "pos": self.pos,
+            "token_offset": self.token_offset,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, _KEYS, "ShuffleBuffer")
+        self._clear()
+        self.reader.load_state_dict(state["reader"])
+        self._window_start = self.reader.state_dict()
+        self.window_idx = int(state["window"])
+        if state["loaded"]:
+            docs = self.reader.read(self.size)
+            if not self._build(docs):
+                raise ValueError("ShuffleBuffer: saved window is empty on re-read")
+            self.pos = int(state["pos"])
+            self.token_offset = int(state["token_offset"])
+
+    def pending_records(self) -> list[tuple[int, int]]:
+        """(shard, record) of documents read from the reader but not yet fully emitted."""
+        if not self.loaded:
+            return []
+        return list(zip(self._shard_list[self.pos :], self._record_list[self.pos :]))
