@@ -49,35 +49,43 @@ class RowBatch:
         return sum(getattr(self, f).nbytes for f in self.__dataclass_fields__)
 
 
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
+    return _ARANGE[:n]
+
+
 def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = False) -> dict[str, torch.Tensor]:
     """The full batch contract from a ``RowBatch`` (numpy work, then zero-copy to torch)."""
     rows, width = batch.tokens.shape
     seq_len = width - 1
-    x = batch.tokens.astype(np.int64)
-    input_ids = np.ascontiguousarray(x[:, :seq_len])
-    labels = np.ascontiguousarray(x[:, 1:])
-    lengths = batch.length.astype(np.int64)
-    num_pieces = len(lengths)
-    flat_start = batch.row.astype(np.int64) * seq_len + batch.start
-    first_of_row = np.searchsorted(batch.row, batch.row, side="left")
-    local = (np.arange(num_pieces) - first_of_row).astype(np.int32)
-    total = int(lengths.sum())
     size = rows * seq_len
+    input_ids = np.empty((rows, seq_len), np.int64)
+    input_ids[...] = batch.tokens[:, :seq_len]
+    labels = np.empty((rows, seq_len), np.int64)
+    labels[...] = batch.tokens[:, 1:]
+    lengths = batch.length
+    flat_start = batch.row.astype(np.int64) * seq_len + batch.start
+    local = _arange(len(lengths)) - np.searchsorted(batch.row, batch.row, side="left")
+    total = int(lengths.sum())
     piece_begin = np.repeat(flat_start, lengths)
     if total == size:  # no padding: every position belongs to a piece, in order
-        positions = np.arange(size, dtype=np.int64) - piece_begin
-        doc_ids = np.repeat(local, lengths)
-        source_ids = np.repeat(batch.stream.astype(np.int16), lengths)
+        positions = _arange(size) - piece_begin
+        doc_ids = np.repeat(local.astype(np.int32), lengths)
+        source_ids = np.repeat(batch.stream, lengths)
         padding = None
     else:
-        before = np.cumsum(lengths) - lengths
-        index = np.repeat(flat_start - before, lengths) + np.arange(total)
+        index = np.repeat(flat_start - (np.cumsum(lengths) - lengths), lengths) + _arange(total)
         positions = np.zeros(size, np.int64)
         positions[index] = index - piece_begin
         doc_ids = np.full(size, -1, np.int32)
-        doc_ids[index] = np.repeat(local, lengths)
+        doc_ids[index] = np.repeat(local.astype(np.int32), lengths)
         source_ids = np.full(size, -1, np.int16)
-        source_ids[index] = np.repeat(batch.stream.astype(np.int16), lengths)
+        source_ids[index] = np.repeat(batch.stream, lengths)
         padding = doc_ids < 0
     last = flat_start + lengths - 1
     flat_labels = labels.reshape(-1)
@@ -86,8 +94,7 @@ def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = Fa
         flat_labels[last[ends]] = IGNORE_INDEX
     else:
         # Labels run across documents, except into padding or past an unknown lookahead.
-        end_pos = batch.start.astype(np.int64) + lengths
-        at_row_end = end_pos == seq_len
+        at_row_end = batch.start.astype(np.int64) + lengths == seq_len
         nxt = np.minimum(last + 1, size - 1)
         into_padding = ~at_row_end & (padding[nxt] if padding is not None else False)
         no_lookahead = at_row_end & ~batch.lookahead[batch.row]

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ManifestError
-from ..storage.open import join, open_url
+from ..errors import ManifestError, StorageError
+from ..storage.config import RetryPolicy
+from ..storage.open import describe_missing, join, open_url
+from ..storage.retry import Retrier, is_credentials_error
 
 FORMAT_NAME = "streamforge"
 FORMAT_VERSION = 1
@@ -185,18 +187,45 @@ class Manifest:
         return cls.from_json(data, url)
 
     @classmethod
-    def load(cls, url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
-        """Read ``<url>/index.json``; one request, no listing."""
+    def load(
+        cls,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> Manifest:
+        """Read ``<url>/index.json``: one request (retried on transient faults), no listing.
+
+        What is wrong before training starts gets a ``ManifestError`` naming it: a missing
+        bucket, a missing manifest, missing or refused credentials, another format version.
+        Transient faults that outlast the retries raise ``StorageError``.
+        """
         url = str(url)
-        fs, path = open_url(url, storage_options)
+        policy = retry or RetryPolicy()
+        try:
+            fs, path = open_url(url, storage_options, policy)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ManifestError(f"{url}: cannot open this URL ({type(exc).__name__}: {exc})") from exc
         target = join(path, MANIFEST_NAME)
         try:
-            blob = fs.cat_file(target)
+            blob = Retrier(policy)(lambda: fs.cat_file(target), f"{url}/{MANIFEST_NAME}")
         except FileNotFoundError as exc:
+            raise ManifestError(describe_missing(fs, path, url, MANIFEST_NAME)) from exc
+        except PermissionError as exc:
             raise ManifestError(
-                f"{url}: no {MANIFEST_NAME} (not a streamforge stream, or its conversion did "
-                "not finish)"
+                f"{url}: access denied reading {MANIFEST_NAME} ({exc}); check the credentials "
+                "in storage_options (key/secret, profile, token) or the bucket's policy"
             ) from exc
+        except StorageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - credential errors come as library types
+            if is_credentials_error(exc):
+                raise ManifestError(
+                    f"{url}: no usable credentials ({type(exc).__name__}: {exc}); pass them in "
+                    "storage_options (key/secret or profile), set them in the environment, or "
+                    "use anon=True for a public bucket"
+                ) from exc
+            raise
         return cls.loads(blob, url)
 
     def token_np_dtype(self) -> np.dtype:

@@ -8,16 +8,25 @@ array plus offsets (``DocBatch``): per-document Python objects would dominate th
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import logging
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import zstandard
 
-from ..errors import ShardCorruptError
+from ..errors import ShardCorruptError, StorageError
+from ..storage.cache import FrameCache
+from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher
+from ..storage.prefetch import FetchUnit, Prefetcher
 from .frames import ShardIndex, decode_index
 from .manifest import Manifest
+
+log = logging.getLogger("streamforge.storage")
 
 
 @dataclass
@@ -62,81 +71,377 @@ class DocBatch:
 
 
 class ShardSource:
-    """Random access to the records of one stream."""
+    """Random access to the records of one stream, with prefetch, cache and integrity checks.
+
+    Picklable before and after use: threads, the prefetch buffer and filesystem handles are
+    created lazily in the process that reads.
+    """
 
     def __init__(
-        self,
-        manifest: Manifest,
-        fetcher: ByteFetcher,
-        *,
-        verify_sizes: bool = True,
+        self, manifest: Manifest, fetcher: ByteFetcher, *, config: StorageConfig | None = None
     ) -> None:
         self.manifest = manifest
         self.fetcher = fetcher
+        self.config = config or StorageConfig()
         self.dtype = manifest.token_np_dtype()
-        self.verify_sizes = verify_sizes
+        self.cache = (
+            FrameCache(self.config.cache_dir, manifest.fingerprint, self.config.cache_limit)
+            if self.config.cache_dir
+            else None
+        )
+        self._reset()
+
+    def _reset(self) -> None:
         self._indexes: dict[int, ShardIndex] = {}
-        self._decompressor = zstandard.ZstdDecompressor()
+        self._index_blobs: dict[int, bytes] = {}
+        self._index_locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._decompressor = None
+        self._prefetcher: Prefetcher | None = None
+        self._plan: list[tuple[int, int, int]] = []
+        self._plan_by_shard: dict[int, list[int]] = {}
+        self._plan_cursor = 0
+        self._last: tuple[int, int, bytes] | None = None  # last decoded (shard, frame, raw)
+        self._hashes: dict[int, tuple[int, Any]] = {}  # shard -> (next offset, sha256 state)
+        self._bad_shards: dict[int, str] = {}
+        self.skipped: list[dict[str, Any]] = []
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+
+    def __getstate__(self) -> dict:
+        keep = ("manifest", "fetcher", "config", "dtype", "cache")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
 
     @classmethod
-    def open(cls, url: str, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> ShardSource:
-        manifest = Manifest.load(url, storage_options)
-        return cls(manifest, ByteFetcher(url, storage_options), **kwargs)
+    def open(
+        cls,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        config: StorageConfig | None = None,
+    ) -> ShardSource:
+        """Load the manifest (clear errors for what is wrong) and prepare ranged reads."""
+        config = config or StorageConfig()
+        manifest = Manifest.load(url, storage_options, retry=config.retry)
+        return cls(manifest, ByteFetcher(url, storage_options, config.retry), config=config)
 
-    def where(self, shard: int) -> str:
-        return f"{self.fetcher.url}/{self.manifest.shard_names[shard]}"
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
+    # -- naming -----------------------------------------------------------------------------
+    def where(self, shard: int, frame: int | tuple[int, int] | None = None, records=None) -> str:
+        """``url/shard-000001.tar.zst frame 3 records 120..179``: every error says this much."""
+        text = f"{self.fetcher.url}/{self.manifest.shard_names[shard]}"
+        if isinstance(frame, tuple):
+            a, b = frame
+            text += f" frame {a}" if b == a + 1 else f" frames {a}..{b - 1}"
+        elif frame is not None:
+            text += f" frame {frame}"
+        if records is not None:
+            text += f" records {records[0]}..{records[1] - 1}"
+        return text
+
+    # -- shard index ------------------------------------------------------------------------
     def index(self, shard: int) -> ShardIndex:
         cached = self._indexes.get(shard)
         if cached is not None:
             return cached
-        info = self.manifest.columns
-        start = int(info["index_offset"][shard])
-        stop = start + int(info["index_bytes"][shard])
-        name = self.manifest.shard_names[shard]
-        blob = self.fetcher.read(name, start, stop)
-        index = decode_index(blob, self.where(shard))
-        expected = int(info["num_records"][shard])
-        if index.num_records != expected:
-            raise ShardCorruptError(
-                f"{self.where(shard)}: index lists {index.num_records} records, manifest {expected}"
-            )
-        self._indexes[shard] = index
+        if shard in self._bad_shards:
+            raise ShardCorruptError(self._bad_shards[shard])
+        with self._lock:
+            lock = self._index_locks.setdefault(shard, threading.Lock())
+        with lock:
+            cached = self._indexes.get(shard)
+            if cached is None:
+                cached = self._fetch_index(shard)
+                self._indexes[shard] = cached
+        return cached
+
+    def _fetch_index(self, shard: int) -> ShardIndex:
+        col = self.manifest.columns
+        start = int(col["index_offset"][shard])
+        stop = start + int(col["index_bytes"][shard])
+        where = self.where(shard)
+        blob = self.fetcher.read(
+            self.manifest.shard_names[shard], start, stop, what=f"{where} index",
+            file_size=int(col["bytes"][shard]),
+        )
+        self.counters["index_requests"] += 1
+        index = decode_index(blob, where)
+        frames = index.frames
+        ends = frames["comp_offset"].astype(np.int64) + frames["comp_size"]
+        problems = [
+            (index.num_records, int(col["num_records"][shard]), "records"),
+            (index.num_frames, int(col["num_frames"][shard]), "frames"),
+            (index.num_tokens, int(col["num_tokens"][shard]), "tokens"),
+            (int(ends[-1]) if len(ends) else 0, start, "bytes of frames"),
+        ]
+        for found, expected, what in problems:
+            if found != expected:
+                raise ShardCorruptError(f"{where}: index lists {found} {what}, manifest {expected}")
+        if len(frames) and (frames["comp_offset"][0] != 0 or np.any(frames["comp_offset"][1:] != ends[:-1])):
+            raise ShardCorruptError(f"{where}: index frames are not contiguous")
+        if self.config.verify == "sha256":
+            self._index_blobs[shard] = blob
         return index
 
-    def read_frames(self, shard: int, first: int, stop: int) -> list[bytes]:
-        """Decompressed bytes of frames ``first..stop-1`` of ``shard``, fetched in one request."""
-        index = self.index(shard)
-        lo, hi = index.byte_range(first, stop)
-        name = self.manifest.shard_names[shard]
-        blob = memoryview(self.fetcher.read(name, lo, hi))
-        out = []
-        for f in range(first, stop):
-            start = int(index.frames["comp_offset"][f]) - lo
-            comp = blob[start : start + int(index.frames["comp_size"][f])]
-            raw_size = int(index.frames["raw_size"][f])
+    # -- planning and prefetch ----------------------------------------------------------------
+    def plan_reads(self, ranges: Iterable[tuple[int, int, int]]) -> None:
+        """Announce the ``(shard, start_record, stop_record)`` ranges about to be read, in order.
+
+        Their frames are fetched in the background, at most ``prefetch_bytes`` ahead of the
+        reads. A new call replaces the plan. Reads outside the plan still work.
+        """
+        self._plan = [(int(s), int(a), int(b)) for s, a, b in ranges]
+        self._plan_by_shard = {}
+        for i, (s, _, _) in enumerate(self._plan):
+            self._plan_by_shard.setdefault(s, []).append(i)
+        self._plan_cursor = 0
+        if self.config.prefetch_bytes <= 0:
+            return
+        if self._prefetcher is None:
+            self._prefetcher = Prefetcher(
+                self._fetch_unit, self.config.prefetch_bytes, self.config.prefetch_threads
+            )
+        self._prefetcher.plan(self._units(list(self._plan)))
+
+    def _units(self, plan: list[tuple[int, int, int]]) -> Iterator[FetchUnit]:
+        cap = max(1, min(self.config.request_bytes, self.config.prefetch_bytes // 2))
+        last = None
+        for i, (shard, start, stop) in enumerate(plan):
+            if stop <= start:
+                continue
             try:
-                raw = self._decompressor.decompress(comp, max_output_size=raw_size)
-            except zstandard.ZstdError as exc:
-                raise ShardCorruptError(f"{self.where(shard)}: frame {f} does not decode: {exc}") from exc
-            if len(raw) != raw_size:
-                raise ShardCorruptError(
-                    f"{self.where(shard)}: frame {f} decodes to {len(raw)} bytes, index says {raw_size}"
-                )
-            out.append(raw)
+                index = self.index(shard)
+            except Exception:  # noqa: BLE001 - the read of this range raises it with context
+                continue
+            stop = min(stop, index.num_records)
+            if start >= stop:
+                continue
+            first = int(index.frame_of_record(start))
+            end = int(index.frame_of_record(stop - 1)) + 1
+            if last == (shard, first):
+                first += 1  # planned already as the previous range's last frame
+            sizes = index.frames["comp_size"]
+            f = first
+            while f < end:
+                g, nbytes = f, 0
+                while g < end and (g == f or nbytes + int(sizes[g]) <= cap):
+                    nbytes += int(sizes[g])
+                    g += 1
+                yield FetchUnit(i, shard, f, g, nbytes)
+                f = g
+            last = (shard, end - 1)
+
+    def _fetch_unit(self, unit: FetchUnit) -> list:
+        return self._fetch_frames(unit.shard, unit.first, unit.stop, self.index(unit.shard))
+
+    def _plan_pos(self, shard: int, start: int) -> int | None:
+        """Index of the planned range holding record ``start`` of ``shard`` (searching forward)."""
+        idxs = self._plan_by_shard.get(shard)
+        if not idxs:
+            return None
+        k = bisect.bisect_left(idxs, self._plan_cursor)
+        for j in idxs[k:] + idxs[:k]:
+            _, a, b = self._plan[j]
+            if a <= start < b:
+                self._plan_cursor = j
+                return j
+        return None
+
+    # -- fetching frames ----------------------------------------------------------------------
+    def _fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache=True):
+        """Compressed bytes of frames ``first..stop-1``: from the cache, else one request per run
+        of missing frames. Returns ``[(buffer, from_cache), ...]``."""
+        name = self.manifest.shard_names[shard]
+        offsets, sizes = index.frames["comp_offset"], index.frames["comp_size"]
+        out: list = [None] * (stop - first)
+        if self.cache is not None and use_cache:
+            for f in range(first, stop):
+                data = self.cache.get(name, f, int(sizes[f]))
+                if data is not None:
+                    out[f - first] = (memoryview(data), True)
+        f = first
+        while f < stop:
+            if out[f - first] is not None:
+                f += 1
+                continue
+            g = f
+            while g < stop and out[g - first] is None:
+                g += 1
+            lo, hi = int(offsets[f]), int(offsets[g - 1] + sizes[g - 1])
+            records = (int(index.frames["first_record"][f]), index.record_stop(g - 1))
+            blob = memoryview(self.fetcher.read(
+                name, lo, hi, what=self.where(shard, (f, g), records),
+                file_size=int(self.manifest.columns["bytes"][shard]),
+            ))
+            for h in range(f, g):
+                a = int(offsets[h]) - lo
+                piece = blob[a : a + int(sizes[h])]
+                out[h - first] = (piece, False)
+                if self.cache is not None:
+                    self.cache.put(name, h, piece)
+            f = g
         return out
 
+    def _obtain(self, shard: int, first: int, stop: int, start: int, index: ShardIndex) -> list:
+        """``[(buffer, from_cache) or None (decoded already), ...]`` for frames first..stop-1."""
+        out: list = [None] * (stop - first)
+        pf = self._prefetcher
+        j = self._plan_pos(shard, start) if pf is not None else None
+        missing = []
+        for f in range(first, stop):
+            if self._last is not None and self._last[0] == shard and self._last[1] == f:
+                continue
+            buf = None
+            if j is not None:
+                rec = max(start, int(index.frames["first_record"][f]))
+                while (j + 1 < len(self._plan) and self._plan[j][2] <= rec
+                       and self._plan[j + 1][0] == shard):
+                    j += 1
+                buf = pf.take((shard, f), (j, f))
+            if buf is None:
+                missing.append(f)
+            else:
+                out[f - first] = buf
+                self.counters["prefetch_hits"] += 1
+        for f0, f1 in _runs(missing):
+            out[f0 - first : f1 - first] = self._fetch_frames(shard, f0, f1, index)
+        return out
+
+    # -- decoding and checks ------------------------------------------------------------------
+    def _decode(self, shard: int, f: int, got, index: ShardIndex) -> bytes:
+        if self._decompressor is None:
+            self._decompressor = zstandard.ZstdDecompressor()
+        buf, from_cache = got
+        raw_size = int(index.frames["raw_size"][f])
+        try:
+            raw = self._decompressor.decompress(buf, max_output_size=raw_size)
+            if len(raw) != raw_size:
+                raise ShardCorruptError(f"decodes to {len(raw)} bytes, index says {raw_size}")
+        except (zstandard.ZstdError, ShardCorruptError) as exc:
+            if from_cache:  # a damaged cache entry: drop it and read the frame from the stream
+                self.cache.drop(self.manifest.shard_names[shard], f)
+                fresh = self._fetch_frames(shard, f, f + 1, index, use_cache=False)[0]
+                return self._decode(shard, f, fresh, index)
+            records = (int(index.frames["first_record"][f]), index.record_stop(f))
+            raise ShardCorruptError(
+                f"{self.where(shard, f, records)}: frame does not decode ({exc})"
+            ) from exc
+        self.counters["bytes_needed"] += int(index.frames["comp_size"][f])
+        self.counters["frames_decoded"] += 1
+        return raw
+
+    def _hash(self, shard: int, f: int, buf, index: ShardIndex) -> str | None:
+        """Feed frame ``f`` to the shard's running sha256; a mismatch message once it is whole."""
+        if f == 0:
+            self._hashes[shard] = (0, hashlib.sha256())
+        state = self._hashes.get(shard)
+        offset = int(index.frames["comp_offset"][f])
+        if state is None or state[0] != offset:
+            self._hashes.pop(shard, None)  # not read in order from frame 0: not checked
+            return None
+        h = state[1]
+        h.update(buf)
+        self._hashes[shard] = (offset + len(buf), h)
+        if f < index.num_frames - 1:
+            return None
+        h.update(self._index_blobs.get(shard, b""))
+        del self._hashes[shard]
+        expected = self.manifest.shard_sha256[shard]
+        if h.hexdigest() == expected:
+            self.counters["shards_sha256_verified"] += 1
+            return None
+        return f"sha256 {h.hexdigest()[:16]}..., manifest {expected[:16]}..."
+
+    def _skip(self, shard: int, start: int, stop: int, frame: int | None, reason: str) -> None:
+        if stop <= start:
+            return
+        name = self.manifest.shard_names[shard]
+        last = self.skipped[-1] if self.skipped else None
+        if last and (last["shard"], last["frame"], last["reason"], last["stop"]) == (name, frame, reason, start):
+            last["stop"] = stop
+        else:
+            self.skipped.append(
+                {"shard": name, "shard_idx": shard, "start": start, "stop": stop, "frame": frame,
+                 "reason": reason}
+            )
+            log.warning("skipping %s: %s", self.where(shard, frame, (start, stop)), reason)
+        self.counters["skipped_records"] += stop - start
+
+    # -- reading records ----------------------------------------------------------------------
     def read(self, shard: int, start: int, stop: int) -> DocBatch:
-        """Records ``start..stop-1`` of ``shard`` as one ``DocBatch``."""
+        """Records ``start..stop-1`` of ``shard`` as one ``DocBatch``.
+
+        With ``on_error="skip"`` damaged records are left out (``batch.record`` names the
+        ones returned) and listed in ``self.skipped``.
+        """
         if stop <= start:
             return DocBatch.empty(self.dtype)
-        index = self.index(shard)
+        skip = self.config.on_error == "skip"
+        if shard in self._bad_shards:  # found damaged earlier in this pass (skip mode)
+            self._skip(shard, start, stop, None, self._bad_shards[shard])
+            return DocBatch.empty(self.dtype)
+        try:
+            index = self.index(shard)
+        except ShardCorruptError as exc:
+            if not skip:
+                raise
+            self._bad_shards[shard] = str(exc)
+            self._skip(shard, start, stop, None, str(exc))
+            return DocBatch.empty(self.dtype)
         if start < 0 or stop > index.num_records:
             raise IndexError(f"{self.where(shard)}: records {start}..{stop} outside 0..{index.num_records}")
-        first_frame = int(index.frame_of_record(start))
-        stop_frame = int(index.frame_of_record(stop - 1)) + 1
-        frames = self.read_frames(shard, first_frame, stop_frame)
-        return self._gather(shard, index, frames, first_frame, start, stop)
+        first = int(index.frame_of_record(start))
+        end = int(index.frame_of_record(stop - 1)) + 1
+        try:
+            got = self._obtain(shard, first, end, start, index)
+        except ShardCorruptError as exc:  # truncated shard found while fetching
+            if not skip:
+                raise
+            self._bad_shards[shard] = str(exc)
+            self._skip(shard, start, stop, None, str(exc))
+            return DocBatch.empty(self.dtype)
+        except StorageError as exc:
+            exc.add_note(f"while reading {self.where(shard, (first, end), (start, stop))}")
+            raise
+        raws: list = []
+        for f, item in zip(range(first, end), got):
+            if item is None:
+                raws.append(self._last[2])
+                continue
+            try:
+                raws.append(self._decode(shard, f, item, index))
+            except ShardCorruptError as exc:
+                if not skip:
+                    raise
+                self._hashes.pop(shard, None)
+                lo = max(start, int(index.frames["first_record"][f]))
+                self._skip(shard, lo, min(stop, index.record_stop(f)), f, str(exc))
+                raws.append(None)
+                continue
+            if self.config.verify == "sha256":
+                mismatch = self._hash(shard, f, item[0], index)
+                if mismatch is not None:
+                    if not skip:
+                        raise ShardCorruptError(f"{self.where(shard, None, (start, stop))}: {mismatch}")
+                    self._bad_shards[shard] = mismatch
+                    self._skip(shard, start, stop, None, mismatch)
+                    return DocBatch.empty(self.dtype)
+        if raws[-1] is not None:
+            self._last = (shard, end - 1, raws[-1])
+        if all(r is not None for r in raws):
+            return self._gather(shard, index, raws, first, start, stop)
+        parts = []
+        for f0, f1 in _runs([f for f, r in zip(range(first, end), raws) if r is not None]):
+            lo = max(start, int(index.frames["first_record"][f0]))
+            hi = min(stop, index.record_stop(f1 - 1))
+            parts.append(self._gather(shard, index, raws[f0 - first : f1 - first], f0, lo, hi))
+        return DocBatch.concat(parts, self.dtype)
 
     def _gather(
         self, shard: int, index: ShardIndex, frames: list[bytes], first_frame: int, start: int, stop: int
@@ -159,6 +464,12 @@ class ShardSource:
             record=np.arange(start, stop, dtype=np.int64),
         )
 
+    def read_frames(self, shard: int, first: int, stop: int) -> list[bytes]:
+        """Decompressed bytes of frames ``first..stop-1`` of ``shard`` (checked, never skipped)."""
+        index = self.index(shard)
+        got = self._fetch_frames(shard, first, stop, index)
+        return [self._decode(shard, f, item, index) for f, item in zip(range(first, stop), got)]
+
     def read_meta(self, shard: int, record: int) -> bytes | None:
         index = self.index(shard)
         row = index.records[record]
@@ -169,6 +480,46 @@ class ShardSource:
         off = int(row["meta_offset"])
         return raw[off : off + int(row["meta_size"])]
 
+    # -- counters -------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int | float]:
+        """Plain numbers: requests, bytes, read amplification, retries, skips, cache, prefetch."""
+        c = self.counters
+        out: dict[str, int | float] = {
+            "requests": self.fetcher.stats.requests,
+            "bytes_fetched": self.fetcher.stats.bytes_fetched,
+            "retries": self.fetcher.retries,
+            **c,
+            "skipped_ranges": len(self.skipped),
+            "cache_hits": self.cache.hits if self.cache else 0,
+            "cache_misses": self.cache.misses if self.cache else 0,
+            "cache_corrupt": self.cache.corrupt if self.cache else 0,
+            "cache_evicted": self.cache.evicted if self.cache else 0,
+            "prefetch_waits": self._prefetcher.waits if self._prefetcher else 0,
+        }
+        needed = c["bytes_needed"]
+        out["read_amplification"] = out["bytes_fetched"] / needed if needed else 0.0
+        return out
+
+
+_COUNTERS = (
+    "bytes_needed",
+    "frames_decoded",
+    "index_requests",
+    "prefetch_hits",
+    "skipped_records",
+    "shards_sha256_verified",
+)
+
+
+def _runs(frames: list[int]) -> Iterator[tuple[int, int]]:
+    """Maximal runs of consecutive integers as ``[first, stop)`` pairs."""
+    i = 0
+    while i < len(frames):
+        j = i
+        while j + 1 < len(frames) and frames[j + 1] == frames[j] + 1:
+            j += 1
+        yield frames[i], frames[j] + 1
+        i = j + 1
 
 def read_records(
     url: str,

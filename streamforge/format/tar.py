@@ -102,3 +102,52 @@ def encode_record(
         if pad:
             parts.append(bytes(pad))
     return parts, BLOCK + len(header)
+
+
+# -- columnar fast path ---------------------------------------------------------------------
+# Converters encode tens of thousands of records per shard; building each header in Python
+# costs more than compressing it. These vectorized twins produce the very same bytes
+# (tests compare them with the per-record functions above).
+
+_DIGIT_LIMITS = 10 ** np.arange(1, 20, dtype=np.uint64)
+
+
+def npy_header_sizes(num_items: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``npy_header_size`` of every entry of ``num_items`` (int64), vectorized.
+
+    The header length depends only on the number of decimal digits of the shape.
+    """
+    num_items = np.asarray(num_items, dtype=np.int64)
+    digits = np.searchsorted(_DIGIT_LIMITS, num_items.astype(np.uint64), side="right")
+    by_digits = np.array([npy_header_size(10**d, dtype) for d in range(20)], dtype=np.int64)
+    return by_digits[digits]
+
+
+def records_nbytes(num_tokens: np.ndarray, itemsize: int) -> np.ndarray:
+    """``record_nbytes(n, itemsize, None)`` for every ``n`` in ``num_tokens``, vectorized."""
+    num_tokens = np.asarray(num_tokens, dtype=np.int64)
+    payload = npy_header_sizes(num_tokens, np.dtype(f"<u{itemsize}")) + num_tokens * itemsize
+    return BLOCK + payload + (-payload) % BLOCK
+
+
+def npy_member_headers(first_record: int, payload_sizes: np.ndarray) -> np.ndarray:
+    """``tar_header(f"{record_key(first_record + i)}.npy", payload_sizes[i])`` for every i.
+
+    Returns an ``(n, 512)`` uint8 array: the fixed fields come from one template, the key
+    digits, the octal size and the checksum are computed column-wise.
+    """
+    sizes = np.asarray(payload_sizes, dtype=np.int64)
+    n = len(sizes)
+    if first_record + n > 10**12:
+        raise ValueError(f"record index {first_record + n - 1} does not fit a 12-digit key")
+    template = np.frombuffer(tar_header(record_key(0) + ".npy", 0), np.uint8)
+    out = np.tile(template, (n, 1))
+    keys = first_record + np.arange(n, dtype=np.int64)
+    out[:, 0:12] = (keys[:, None] // (10 ** np.arange(11, -1, -1, dtype=np.int64))) % 10 + 48
+    out[:, 124:135] = ((sizes[:, None] >> (3 * np.arange(10, -1, -1))) & 7) + 48
+    out[:, 148:156] = ord(" ")
+    checksum = out.sum(axis=1, dtype=np.int64)
+    out[:, 148:154] = ((checksum[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + 48
+    out[:, 154] = 0
+    out[:, 155] = ord(" ")
+    return out

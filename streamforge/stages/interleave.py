@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from .base import check_state
 from .shuffle import ShuffleBuffer
 
@@ -69,6 +71,48 @@ class Interleaver:
         if done:
             self.current = -1
         return stream, tokens, shard, record, token_start, done
+
+    def take_run(self, n: int):
+        """Up to ``n`` tokens from the documents the schedule gives one stream in a row, as
+        ``(stream, DocRun)``; None when every stream is exhausted.
+
+        Equivalent to repeated ``take`` calls: the run length is the number of further
+        documents for which this stream stays the furthest behind its share, computed from
+        the counters and the upcoming document lengths in one vectorized step.
+        """
+        stream = self.next_stream()
+        if stream < 0:
+            return None
+        source = self.sources[stream]
+        max_docs = 1 + self._extra_docs(stream, source)
+        run = source.take_run(n, max_docs)
+        if len(run.length) > 1:
+            # the first document was counted when picked; count the others now
+            full = run.length[1:].copy()
+            if not run.done:
+                full[-1] = source.doc_length()
+            self.emitted[stream] += int(full.sum())
+        self.current = -1 if run.done else stream
+        return stream, run
+
+    def _extra_docs(self, stream: int, source) -> int:
+        """How many documents after the current one the schedule would also give ``stream``."""
+        others = [j for j in range(len(self.weights)) if j != stream and self.active[j]]
+        if not others:
+            return 1 << 30
+        w = self.weights[stream]
+        ratios = [self.emitted[j] / self.weights[j] for j in others]
+        threshold = min(ratios)
+        first_min = others[ratios.index(threshold)]
+        upcoming = source.upcoming_lengths(64)  # a longer run is just split
+        if len(upcoming) == 0:
+            return 0
+        # the document after k picks is taken while (emitted + sum of k lengths) / w beats
+        # the best other ratio (ties go to the lower stream index, as in _pick)
+        prefix = self.emitted[stream] + np.concatenate([[0], np.cumsum(upcoming[:-1])])
+        ratio = prefix / w
+        ok = ratio < threshold if stream > first_min else ratio <= threshold
+        return int(np.argmin(ok)) if not ok.all() else len(ok)
 
     def peek_token(self) -> int | None:
         """The next token without consuming it (commits to the next document's stream, which

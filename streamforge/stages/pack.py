@@ -45,24 +45,67 @@ class _Rows:
 
     def freeze(self) -> RowBatch:
         n = self.count
-        p = self.pieces
-        cols = list(zip(*p)) if p else [()] * 8
+        columns = list(zip(*self.pieces)) if self.pieces else [()] * len(_PIECE_FIELDS)
+        arrays = {
+            name: np.fromiter(values, dtype, len(values))
+            for (name, dtype), values in zip(_PIECE_FIELDS.items(), columns)
+        }
+        return RowBatch(tokens=self.tokens[:n], lookahead=self.lookahead[:n], **arrays)
 
-        def col(i, dtype):
-            return np.fromiter(cols[i], dtype, len(p))
 
-        return RowBatch(
-            tokens=self.tokens[:n],
-            lookahead=self.lookahead[:n],
-            row=col(0, np.int32),
-            start=col(1, np.int32),
-            length=col(2, np.int32),
-            stream=col(3, np.int16),
-            shard=col(4, np.int32),
-            record=col(5, np.int64),
-            token_start=col(6, np.int64),
-            continues=col(7, bool),
-        )
+_PIECE_FIELDS = {
+    "row": np.int32, "start": np.int32, "length": np.int32, "stream": np.int16,
+    "shard": np.int32, "record": np.int64, "token_start": np.int64, "continues": bool,
+}
+
+
+def _split_runs(runs, seq_len: int) -> dict[str, np.ndarray]:
+    """Piece arrays for runs laid end to end from position 0, cut at every row boundary."""
+    if len(runs) == 1:
+        at, stream_idx, run = runs[0]
+        length = run.length
+        shard, record, token_start = run.shard, run.record, run.token_start
+        stream = np.full(len(length), stream_idx, np.int16)
+        continues = np.zeros(len(length), bool)
+        continues[-1] = not run.done
+    else:
+        length = np.concatenate([r.length for _, _, r in runs])
+        shard = np.concatenate([r.shard for _, _, r in runs])
+        record = np.concatenate([r.record for _, _, r in runs])
+        token_start = np.concatenate([r.token_start for _, _, r in runs])
+        counts = [len(r.length) for _, _, r in runs]
+        stream = np.repeat(np.array([s for _, s, _ in runs], np.int16), counts)
+        continues = np.zeros(len(length), bool)
+        continues[np.cumsum(counts) - 1] = [not r.done for _, _, r in runs]
+    ends = np.cumsum(length)
+    starts = ends - length
+    # row boundaries strictly inside a piece cut it in two
+    cuts = np.arange(seq_len, int(ends[-1]), seq_len)
+    if len(cuts):
+        inside = np.searchsorted(ends, cuts, side="right")  # piece holding each cut
+        inner = starts[inside] < cuts
+        cuts, inside = cuts[inner], inside[inner]
+    if len(cuts):
+        seg_start = np.sort(np.concatenate([starts, cuts]))
+        piece = np.searchsorted(ends, seg_start, side="right")
+        seg_end = np.concatenate([seg_start[1:], ends[-1:]])
+        seg_len = seg_end - seg_start
+        token_offset = token_start[piece] + (seg_start - starts[piece])
+        cont = np.ones(len(seg_start), bool)
+        last_seg = np.concatenate([piece[1:] != piece[:-1], [True]])
+        cont[last_seg] = continues[piece[last_seg]]
+        row = seg_start // seq_len
+        return {
+            "row": row.astype(np.int32), "start": (seg_start - row * seq_len).astype(np.int32),
+            "length": seg_len.astype(np.int32), "stream": stream[piece], "shard": shard[piece].astype(np.int32),
+            "record": record[piece], "token_start": token_offset, "continues": cont,
+        }
+    row = starts // seq_len
+    return {
+        "row": row.astype(np.int32), "start": (starts - row * seq_len).astype(np.int32),
+        "length": length.astype(np.int32), "stream": stream, "shard": shard.astype(np.int32),
+        "record": record, "token_start": token_start, "continues": continues,
+    }
 
 
 class Packer:
@@ -93,8 +136,10 @@ class Packer:
     # -- public ----------------------------------------------------------------------------
     def next_rows(self, num_rows: int) -> RowBatch | None:
         """Up to ``num_rows`` rows (fewer only at the end of a finite pass); None when done."""
+        if self.mode == "concat":
+            return self._concat_rows(num_rows)
         out = _Rows(num_rows, self.seq_len, self.dtype, self.pad_id)
-        fill = {"concat": self._fill_concat, "bestfit": self._fill_bestfit, "pad": self._fill_pad}[self.mode]
+        fill = {"bestfit": self._fill_bestfit, "pad": self._fill_pad}[self.mode]
         while out.count < num_rows and fill(out):
             out.count += 1
         if out.count == 0:
@@ -102,24 +147,47 @@ class Packer:
         return out.freeze()
 
     # -- concat ----------------------------------------------------------------------------
-    def _fill_concat(self, out: _Rows) -> bool:
-        row, pos, T = out.count, 0, self.seq_len
-        inter = self.interleaver
-        while pos < T:
-            got = inter.take(T - pos)
+    def _concat_rows(self, num_rows: int) -> RowBatch | None:
+        """``num_rows`` rows cut from the token stream in one go: take ``num_rows * T``
+        tokens as a few runs, then split the runs' pieces at row boundaries (vectorized)."""
+        T = self.seq_len
+        need = num_rows * T
+        tokens = np.empty((num_rows, T + 1), self.dtype)
+        tokens[:, T] = self.pad_id
+        flat = tokens[:, :T].reshape(-1) if num_rows == 1 else np.empty(need, self.dtype)
+        runs = []
+        filled = 0
+        while filled < need:
+            got = self.interleaver.take_run(need - filled)
             if got is None:
                 break
-            stream, tokens, shard, record, token_start, done = got
-            out.add_piece(row, pos, tokens, stream, shard, record, token_start, not done)
-            pos += len(tokens)
-        if pos == 0:
-            return False
-        if pos == T:
-            nxt = inter.peek_token()
-            if nxt is not None:
-                out.tokens[row, T] = nxt
-                out.lookahead[row] = True
-        return True
+            stream, run = got
+            flat[filled : filled + len(run.tokens)] = run.tokens
+            runs.append((filled, stream, run))
+            filled += len(run.tokens)
+        if filled == 0:
+            return None
+        rows = -(-filled // T)
+        if filled == need:
+            grid = flat
+            if num_rows > 1:
+                tokens[:, :T] = flat.reshape(num_rows, T)
+        else:
+            tokens = np.full((rows, T + 1), self.pad_id, self.dtype)
+            grid = np.full(rows * T, self.pad_id, self.dtype)
+            grid[:filled] = flat[:filled]
+            tokens[:, :T] = grid.reshape(rows, T)
+        lookahead = np.zeros(rows, bool)
+        nxt = min(filled // T, rows - 1)  # full rows followed by another row
+        if nxt > 0:
+            tokens[:nxt, T] = grid[T : (nxt + 1) * T : T]
+            lookahead[:nxt] = True
+        if filled == need:
+            peek = self.interleaver.peek_token()
+            if peek is not None:
+                tokens[rows - 1, T] = peek
+                lookahead[rows - 1] = True
+        return RowBatch(tokens=tokens, lookahead=lookahead, **_split_runs(runs, T))
 
     # -- pad -------------------------------------------------------------------------------
     def _take_doc(self):

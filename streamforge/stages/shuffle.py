@@ -20,6 +20,7 @@ Zero-length records are dropped here; with ``eos_id`` set, EOS is appended to ea
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,18 @@ from .base import check_state
 from .read import ShardReader
 
 _KEYS = ("reader", "window", "loaded", "pos", "token_offset")
+
+
+@dataclass
+class DocRun:
+    """Consecutive pieces of documents of one stream, as one token slice."""
+
+    tokens: np.ndarray
+    shard: np.ndarray
+    record: np.ndarray
+    token_start: np.ndarray  # offset of each piece in its document
+    length: np.ndarray
+    done: bool  # the last piece ends its document
 
 
 class ShuffleBuffer:
@@ -143,13 +156,58 @@ class ShuffleBuffer:
         meta = (self._shard_list[self.pos], self._record_list[self.pos], self.token_offset)
         done = start + k == stop
         if done:
-            self.pos += 1
-            self.token_offset = 0
-            if self.pos == len(self._record_list):
-                self._finish_window()
+            self._advance(1)
         else:
             self.token_offset += k
         return piece, meta[0], meta[1], meta[2], done
+
+    def upcoming_lengths(self, max_docs: int) -> np.ndarray:
+        """Full lengths of the documents after the current one, within this window."""
+        lo = self.pos + 1
+        hi = min(lo + max_docs, len(self._record_list))
+        return np.diff(self.offsets[lo : hi + 1])
+
+    def take_run(self, n: int, max_docs: int) -> DocRun:
+        """Up to ``n`` tokens from at most ``max_docs`` consecutive documents, the current one
+        first; only the last may be cut short. One slice of the window, no per-document work.
+        """
+        pos = self.pos
+        first = self._offsets_list[pos] + self.token_offset
+        last_doc = min(pos + max_docs, len(self._record_list))  # exclusive
+        limit = first + n
+        # documents pos..j-1 end at or before the limit
+        j = int(np.searchsorted(self.offsets, limit, side="right")) - 1
+        whole = min(max(j, pos), last_doc)
+        if whole < last_doc and self._offsets_list[whole] < limit:
+            stop, docs, done = limit, whole + 1 - pos, False  # the last document is cut
+        else:
+            stop, docs, done = self._offsets_list[whole], whole - pos, True
+        starts = self.offsets[pos : pos + docs + 1].copy()
+        starts[0] = first
+        ends = starts[1:].copy()
+        ends[-1] = stop
+        run = DocRun(
+            tokens=self.tokens[first:stop],
+            shard=self.shard[pos : pos + docs],
+            record=self.record[pos : pos + docs],
+            token_start=starts[:-1] - self.offsets[pos : pos + docs],
+            length=ends - starts[:-1],
+            done=done,
+        )
+        if done:
+            self._advance(docs)
+        else:
+            self._advance(docs - 1)
+            self.token_offset = stop - self._offsets_list[self.pos]
+        return run
+
+    def _advance(self, docs: int) -> None:
+        if docs == 0:
+            return
+        self.pos += docs
+        self.token_offset = 0
+        if self.pos == len(self._record_list):
+            self._finish_window()
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,49 +1,128 @@
-"""Ranged reads of shard bytes.
+"""Ranged reads of shard bytes, retried.
 
 ``ByteFetcher`` is the one door through which shard bytes enter streamforge: every read is a
-``(name, start, stop)`` byte range of a file under the stream's URL.
+``(name, start, stop)`` byte range of a file under the stream's URL, fetched with one ranged
+request and retried under the ``RetryPolicy``. A retry asks again for the same range, which
+always starts at a frame boundary at or after the reader's current frame, never at the shard
+start. A short body is a transient fault (retried) unless the object itself is shorter than
+the manifest says: then the shard is truncated and ``ShardCorruptError`` names it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import errno
+import threading
 from typing import Any
 
+from ..errors import ShardCorruptError
+from .config import RetryPolicy
 from .open import join, open_url
+from .retry import Retrier, ShortRead
 
 
-@dataclass
 class FetchStats:
-    requests: int = 0
-    bytes_fetched: int = 0
-    retries: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
+    """Counters shared by the fetch threads of one reader (updated under a lock)."""
+
+    FIELDS = ("requests", "bytes_fetched")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes_fetched = 0
+        self._lock = threading.Lock()
+
+    def add(self, requests: int, nbytes: int) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes_fetched += nbytes
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
 
 
 class ByteFetcher:
     """Fetch byte ranges of the files of one stream prefix; picklable, opens lazily."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.url = str(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
+        self.policy = retry or RetryPolicy()
+        self.retrier = Retrier(self.policy)
         self.stats = FetchStats()
         self._fs = None
         self._path = None
+        self._lock = threading.Lock()
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_fs"] = None
-        state["stats"] = FetchStats()
+        state["_path"] = None
+        del state["_lock"]
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def retries(self) -> int:
+        return self.retrier.retries
+
     def _open(self):
-        if self._fs is None:
-            self._fs, self._path = open_url(self.url, self.storage_options)
+        with self._lock:
+            if self._fs is None:
+                self._fs, self._path = open_url(self.url, self.storage_options, self.policy)
         return self._fs, self._path
 
-    def read(self, name: str, start: int, stop: int) -> bytes:
+    def read(
+        self,
+        name: str,
+        start: int,
+        stop: int,
+        *,
+        what: str | None = None,
+        file_size: int | None = None,
+    ) -> bytes:
+        """Bytes ``[start, stop)`` of ``name``; exactly ``stop - start`` of them or an error.
+
+        ``what`` names the shard/frame/records for error messages; ``file_size`` is the size
+        the manifest gives the file, checked when a read comes back short.
+        """
         fs, path = self._open()
-        data = fs.cat_file(join(path, name), start=start, end=stop)
-        self.stats.requests += 1
-        self.stats.bytes_fetched += len(data)
-        return data
+        target = join(path, name)
+        where = what or f"{self.url}/{name}"
+
+        def request() -> bytes:
+            try:
+                data = fs.cat_file(target, start=start, end=stop)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and file_size is not None:  # S3 416 InvalidRange
+                    self._check_size(fs, target, where, file_size)
+                raise
+            self.stats.add(1, len(data))
+            if len(data) != stop - start:
+                if file_size is not None:
+                    self._check_size(fs, target, where, file_size)
+                raise ShortRead(f"{where}: asked for bytes {start}..{stop}, got {len(data)}")
+            return data
+
+        return self.retrier(request, where)
+
+    def _check_size(self, fs, target: str, where: str, file_size: int) -> None:
+        size = self.retrier(lambda: fs.size(target), where)
+        if size != file_size:
+            raise ShardCorruptError(
+                f"{where}: shard is {size} bytes, the manifest says {file_size} (truncated or "
+                "replaced)"
+            )
+
+    def size(self, name: str) -> int:
+        fs, path = self._open()
+        return self.retrier(lambda: fs.size(join(path, name)), f"{self.url}/{name}")

@@ -1,17 +1,100 @@
-"""Resolve any fsspec URL (local path, file://, s3://, gs://...) to a filesystem and a path."""
+"""Resolve any fsspec URL (local path, file://, s3://, gs://...) to a filesystem and a path.
+
+For object stores streamforge owns retries (``storage/retry.py``), so it asks the client
+library not to retry on its own and to time out after ``RetryPolicy.timeout``: every retry
+is then counted and backed off the same way whatever the backend. Options the caller passes
+in ``storage_options`` always win over these defaults.
+"""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import fsspec
 
+from ..errors import ManifestError
+from .config import RetryPolicy
 
-def open_url(url: str, storage_options: dict[str, Any] | None = None):
-    """``(filesystem, path)`` for ``url``; ``storage_options`` go to the filesystem."""
-    fs, path = fsspec.core.url_to_fs(str(url), **(storage_options or {}))
+
+def protocol_of(url: str) -> str:
+    protocol = fsspec.core.split_protocol(str(url))[0] or "file"
+    return {"s3a": "s3", "gcs": "gs"}.get(protocol, protocol)
+
+
+def client_defaults(url: str, policy: RetryPolicy | None) -> dict[str, Any]:
+    """storage_options defaults that hand retries and timeouts to streamforge."""
+    if policy is None:
+        return {}
+    protocol = protocol_of(url)
+    if protocol == "s3":
+        return {
+            "config_kwargs": {
+                "retries": {"total_max_attempts": 1},
+                "connect_timeout": policy.timeout,
+                "read_timeout": policy.timeout,
+            },
+        }
+    if protocol == "gs":
+        return {"timeout": policy.timeout}
+    return {}
+
+
+def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(defaults)
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: RetryPolicy | None = None):
+    """``(filesystem, path)`` for ``url``; ``storage_options`` go to the filesystem.
+
+    With ``policy``, object-store clients get streamforge's retry and timeout defaults.
+    """
+    given = dict(storage_options or {})
+    options = _merged(client_defaults(url, policy), given)
+    fs, path = fsspec.core.url_to_fs(str(url), **options)
+    if policy is not None and protocol_of(url) == "s3" and "retries" not in given:
+        # s3fs's own retry loop is a class attribute, not a constructor option; this
+        # instance is keyed by the options above, so only streamforge readers share it.
+        fs.retries = 1
     return fs, path
 
 
 def join(path: str, name: str) -> str:
     return f"{path.rstrip('/')}/{name}"
+
+
+def describe_missing(fs, path: str, url: str, what: str) -> str:
+    """Why ``what`` under ``url`` is not found: a missing bucket, or a missing object.
+
+    Called only after a read failed, so a healthy start never lists or probes the bucket.
+    """
+    protocol = protocol_of(url)
+    if protocol in ("s3", "gs"):
+        bucket = path.split("/", 1)[0]
+        try:
+            exists = fs.exists(bucket)
+        except Exception:  # noqa: BLE001 - the probe is advisory; the original error stands
+            exists = True
+        if not exists:
+            return f"{url}: bucket {bucket!r} does not exist (or this account cannot see it)"
+    return f"{url}: no {what} (not a streamforge stream, or its conversion did not finish)"
+
+
+def check_stream(url: str, storage_options: dict[str, Any] | None = None, policy: RetryPolicy | None = None):
+    """Load the manifest at ``url``, raising a clear ``ManifestError`` for what is wrong.
+
+    Missing bucket, missing manifest, missing or refused credentials, a manifest of another
+    format version: each is named before training starts. Returns the ``Manifest``.
+    """
+    from ..format.manifest import Manifest
+
+    manifest = Manifest.load(url, storage_options, retry=policy or RetryPolicy())
+    if manifest.num_shards == 0:
+        raise ManifestError(f"{url}: the manifest lists no shards")
+    return manifest

@@ -1,0 +1,54 @@
+# make demo: set up .venv and run the demo job on a small corpus it builds itself.
+# make test: set up .venv (with the test extras) and run the test suite.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# -qq: pip prints errors only.
+PIP_FLAGS := -qq --disable-pip-version-check --no-input
+# Parallel by default: tests share no files or ports (tmp_path, one S3 server per worker).
+# `make test PYTEST_ARGS=` runs serially; `make test PYTEST_ARGS="-k format"` narrows.
+PYTEST_ARGS ?= -n 2
+export DEBIAN_FRONTEND := noninteractive
+
+.PHONY: test demo venv venv-test zstd-cli clean
+
+test: venv-test zstd-cli
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: venv
+	$(VENV)/bin/streamforge demo $(DEMO_ARGS)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch goes in first, on its own and pinned, so the resolver never picks an unpinned one.
+$(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
+	$(PIP) install $(PIP_FLAGS) -c constraints.txt torch
+	$(PIP) install $(PIP_FLAGS) -c constraints.txt -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install $(PIP_FLAGS) -c constraints.txt -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+venv-test: $(VENV)/.installed-test
+
+# The interop tests pipe shards through the zstd CLI. Install it when we can; otherwise
+# those tests skip and say why.
+zstd-cli:
+	@command -v zstd >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing the zstd CLI (apt-get)"; \
+	    apt-get install -y -qq zstd >/dev/null 2>&1 || \
+	      { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq zstd >/dev/null 2>&1; } || \
+	      echo "warning: could not install zstd; the zstd CLI interop tests will be skipped"; \
+	  else \
+	    echo "warning: no zstd CLI and not root; the zstd CLI interop tests will be skipped"; \
+	  fi; }
+
+clean:
+	rm -rf $(VENV) demo-out .hypothesis

@@ -1,0 +1,220 @@
+"""The ``streamforge`` command: convert, inspect, verify, plan, demo.
+
+``main(argv)`` returns the exit code, so tests call it directly. ``plan`` and ``demo`` import
+their modules only when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import StreamforgeError
+
+_HIST_WIDTH = 40
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Storage options from ``--endpoint-url`` and repeated ``--storage-option KEY=VALUE``."""
+    opts: dict[str, Any] = {}
+    for item in args.storage_option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--storage-option expects KEY=VALUE, got {item!r}")
+        opts[key] = _scalar(value)
+    if args.endpoint_url:
+        opts.setdefault("client_kwargs", {})["endpoint_url"] = args.endpoint_url
+    return opts or None
+
+
+def _scalar(value: str) -> Any:
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return int(value)
+    except ValueError:
+        return value
+
+
+def _add_storage_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
+    parser.add_argument(
+        "--storage-option", action="append", metavar="KEY=VALUE", help="fsspec option (repeatable)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamforge", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    conv = sub.add_parser("convert", help="convert a token corpus into a stream")
+    conv.add_argument("--from", dest="fmt", required=True,
+                      choices=["megatron", "flat", "npy", "jsonl", "parquet"])
+    conv.add_argument("--input", required=True, help="source path (Megatron: prefix, .bin or .idx)")
+    conv.add_argument("--output", required=True, help="output URL (local path, s3://...)")
+    conv.add_argument("--shard-size", default="64MiB")
+    conv.add_argument("--frame-size", default="256KiB")
+    conv.add_argument("--compression-level", type=int, default=3)
+    conv.add_argument("--workers", type=int, default=1)
+    conv.add_argument("--eos-id", type=int)
+    conv.add_argument("--dtype", help="source dtype of raw token files (flat default uint16)")
+    conv.add_argument("--token-dtype", choices=["uint16", "uint32"],
+                      help="force the shards' token dtype (default: smallest that fits)")
+    conv.add_argument("--field", default="input_ids", help="jsonl/parquet token field")
+    conv.add_argument("--offsets", help="npy: document offsets array (.npy)")
+    conv.add_argument("--vocab-size", type=int)
+    conv.add_argument("--limit", type=int, help="convert only the first N documents")
+    conv.add_argument("--overwrite", action="store_true")
+    _add_storage_args(conv)
+
+    for name, text in (("inspect", "summarize a stream"), ("verify", "check every shard")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("url")
+        _add_storage_args(cmd)
+
+    plan = sub.add_parser("plan", help="show which records each global worker reads")
+    plan.add_argument("urls", nargs="+")
+    plan.add_argument("--world-size", type=int, required=True)
+    plan.add_argument("--workers", type=int, required=True)
+    plan.add_argument("--seed", type=int, default=0)
+    plan.add_argument("--pass", dest="pass_idx", type=int, default=0)
+    _add_storage_args(plan)
+
+    sub.add_parser("demo", help="run the demo (options pass through)", add_help=False)
+    return parser
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    manifest = convert(
+        args.fmt,
+        args.input,
+        args.output,
+        shard_size=args.shard_size,
+        workers=args.workers,
+        eos_id=args.eos_id,
+        dtype=args.dtype,
+        token_dtype=args.token_dtype,
+        field=args.field,
+        limit=args.limit,
+        vocab_size=args.vocab_size,
+        offsets=args.offsets,
+        storage_options=storage_options(args),
+        overwrite=args.overwrite,
+        frame_size=args.frame_size,
+        compression_level=args.compression_level,
+    )
+    print(
+        f"{args.output}: {manifest.num_shards} shards, {manifest.num_records:,} records, "
+        f"{manifest.num_tokens:,} tokens ({manifest.token_dtype}), {manifest.num_bytes:,} bytes"
+    )
+    return 0
+
+
+def length_histogram(lengths: np.ndarray) -> list[str]:
+    """Text histogram of document lengths in log2 buckets: 0, 1, 2-3, 4-7, ..."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    buckets = np.zeros(len(lengths), np.int64)
+    positive = lengths > 0
+    buckets[positive] = np.floor(np.log2(lengths[positive])).astype(np.int64) + 1
+    counts = np.bincount(buckets) if len(buckets) else np.zeros(1, np.int64)
+    top = max(int(counts.max()), 1)
+    lines = []
+    for b, count in enumerate(counts.tolist()):
+        if count == 0:
+            continue
+        lo, hi = (0, 0) if b == 0 else (1 << (b - 1), (1 << b) - 1)
+        bar = "#" * max(1, round(_HIST_WIDTH * count / top))
+        lines.append(f"  {lo:>9,}-{hi:<9,} {count:>10,}  {bar}")
+    return lines
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .format.reader import ShardSource
+
+    source = ShardSource.open(args.url, storage_options(args))
+    manifest = source.manifest
+    raw_bytes = 0
+    lengths = []
+    for shard in range(manifest.num_shards):
+        index = source.index(shard)
+        raw_bytes += int(index.frames["raw_size"].astype(np.int64).sum())
+        lengths.append(index.records["num_tokens"].astype(np.int64))
+    lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    ratio = raw_bytes / manifest.num_bytes if manifest.num_bytes else float("nan")
+    print(f"stream       {args.url}")
+    print(f"shards       {manifest.num_shards:,}")
+    print(f"records      {manifest.num_records:,}")
+    print(f"tokens       {manifest.num_tokens:,}")
+    print(f"bytes        {manifest.num_bytes:,} compressed, {raw_bytes:,} tar")
+    print(f"compression  {ratio:.2f}x")
+    print(f"token dtype  {manifest.token_dtype}")
+    print(f"eos id       {manifest.eos_id}  (documents end with eos: {manifest.docs_end_with_eos})")
+    print(f"vocab size   {manifest.vocab_size}")
+    if len(lengths_all):
+        print(
+            f"doc length   mean {lengths_all.mean():,.1f}, median {np.median(lengths_all):,.0f}, "
+            f"max {lengths_all.max():,}"
+        )
+        print("length histogram (tokens: documents)")
+        print("\n".join(length_histogram(lengths_all)))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .format.manifest import Manifest
+    from .format.verify import verify_stream
+
+    opts = storage_options(args)
+    problems = verify_stream(args.url, opts)
+    if problems:
+        for problem in problems:
+            print(f"BAD {problem}", file=sys.stderr)
+        print(f"{args.url}: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    manifest = Manifest.load(args.url, opts)
+    print(
+        f"OK {args.url}: {manifest.num_shards} shards, {manifest.num_records:,} records, "
+        f"{manifest.num_tokens:,} tokens verified"
+    )
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import format_plan
+
+    print(
+        format_plan(
+            args.urls,
+            world_size=args.world_size,
+            workers=args.workers,
+            seed=args.seed,
+            pass_idx=args.pass_idx,
+            storage_options=storage_options(args),
+        )
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    handlers = {"convert": cmd_convert, "inspect": cmd_inspect, "verify": cmd_verify, "plan": cmd_plan}
+    try:
+        return handlers[args.command](args)
+    except StreamforgeError as exc:
+        print(f"streamforge {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Parallel, deterministic conversion of a source corpus into a stream.
+
+1. Open and validate the source: document lengths from its index/offsets, one vectorized
+   min/max pass over the tokens (negative ids, ids over the vocabulary, the token dtype),
+   the content fingerprint. Nothing is written until all of this passed.
+2. Every record's archive size follows from its length (``tar.records_nbytes``), so
+   ``writer.cut_points`` places every shard boundary up front.
+3. Contiguous runs of shards go to N worker processes; each reads its documents with one
+   slice, encodes them (``writer.encode_shard_flat``) and writes straight to the output URL.
+4. The coordinator collects the manifest rows in shard order and writes ``index.json`` last.
+
+Shard bytes depend only on (documents, token dtype, shard size, frame size, level), never on
+the number of workers, so every N gives the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError, SourceError
+from ..format.manifest import TOKEN_DTYPES, Manifest
+from ..format.tar import records_nbytes
+from ..format.writer import (
+    DEFAULT_FRAME_SIZE,
+    build_manifest,
+    choose_token_dtype,
+    cut_points,
+    encode_shard_flat,
+    parse_size,
+    prepare_output,
+    write_manifest,
+    write_shard,
+)
+from ..storage.open import open_url
+from .base import ArraySource
+from .flat import open_flat
+from .jsonl import open_jsonl, open_parquet
+from .megatron import open_megatron
+from .npy import open_npy
+
+FORMATS = ("megatron", "flat", "npy", "jsonl", "parquet")
+JOBS_PER_WORKER = 4  # contiguous shard runs per worker: balances uneven shards
+
+
+def open_source(
+    fmt: str,
+    path: str,
+    *,
+    eos_id: int | None = None,
+    dtype: Any = None,
+    field: str = "input_ids",
+    offsets: str | None = None,
+) -> ArraySource:
+    """The validated source of format ``fmt`` at ``path``."""
+    if fmt == "megatron":
+        return open_megatron(path, dtype=dtype, eos_id=eos_id)
+    if fmt == "flat":
+        return open_flat(path, dtype=dtype, eos_id=eos_id)
+    if fmt == "npy":
+        return open_npy(path, dtype=dtype, eos_id=eos_id, offsets=offsets)
+    if fmt == "jsonl":
+        return open_jsonl(path, field=field, eos_id=eos_id)
+    if fmt == "parquet":
+        return open_parquet(path, field=field, eos_id=eos_id)
+    raise ConfigError(f"unknown source format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def progress_enabled() -> bool:
+    """The one place the environment is read: ``STREAMFORGE_NO_PROGRESS=1`` hides bars."""
+    return os.environ.get("STREAMFORGE_NO_PROGRESS", "") not in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """A contiguous run of shards for one worker; picklable."""
+
+    source: ArraySource
+    shards: list[tuple[int, int, int]]  # (shard, first document, stop document)
+    url: str
+    storage_options: dict[str, Any] | None
+    token_dtype: str
+    frame_size: int
+    compression_level: int
+
+
+def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
+    """Encode and write the shards of ``job``; (shard, row, documents, tokens) for each."""
+    fs, path = open_url(job.url, job.storage_options)
+    dtype = np.dtype(job.token_dtype).newbyteorder("<")
+    done = []
+    for shard, lo, hi in job.shards:
+        tokens, offsets = job.source.read(lo, hi)
+        encoded = encode_shard_flat(
+            np.asarray(tokens).astype(dtype, copy=False),
+            offsets,
+            lo,
+            frame_size=job.frame_size,
+            compression_level=job.compression_level,
+        )
+        try:
+            row = write_shard(fs, path, shard, encoded)
+        except OSError as exc:
+            exc.add_note(f"while writing shard {shard} of {job.url}")
+            raise
+        done.append((shard, row, hi - lo, int(offsets[-1])))
+    return done
+
+
+def check_tokens(source: ArraySource, num_docs: int, vocab_size: int | None, forced: str | None) -> str:
+    """Validate the token ids of the first ``num_docs`` documents; returns the token dtype."""
+    low, high = source.token_range(num_docs)
+    if low < 0:
+        raise SourceError(f"{source.where}: negative token id {low}")
+    if vocab_size is not None and high >= vocab_size:
+        raise SourceError(f"{source.where}: token id {high} is not below vocab size {vocab_size}")
+    if source.eos_id is not None and vocab_size is not None and source.eos_id >= vocab_size:
+        raise ConfigError(f"eos id {source.eos_id} is not below vocab size {vocab_size}")
+    chosen = choose_token_dtype(high, vocab_size)
+    if forced is None:
+        return chosen
+    if forced not in TOKEN_DTYPES:
+        raise ConfigError(f"token dtype must be one of {TOKEN_DTYPES}, got {forced!r}")
+    if np.iinfo(forced).max < max(high, (vocab_size or 1) - 1):
+        raise ConfigError(
+            f"{source.where}: token id {max(high, (vocab_size or 1) - 1)} does not fit the "
+            f"requested token dtype {forced}"
+        )
+    return forced
+
+
+def plan_jobs(doc_starts: list[int], num_docs: int, workers: int) -> list[list[tuple[int, int, int]]]:
+    """Shards as (shard, lo, hi), grouped into contiguous runs, a few per worker."""
+    bounds = doc_starts + [num_docs]
+    shards = [(s, bounds[s], bounds[s + 1]) for s in range(len(doc_starts))]
+    per_job = max(1, -(-len(shards) // (workers * JOBS_PER_WORKER))) if workers > 1 else 1
+    return [shards[i : i + per_job] for i in range(0, len(shards), per_job)]
+
+
+def convert(
+    fmt: str,
+    input: str,
+    output: str,
+    *,
+    shard_size: int | str = "64MiB",
+    workers: int = 1,
+    eos_id: int | None = None,
+    dtype: Any = None,
+    token_dtype: str | None = None,
+    field: str = "input_ids",
+    limit: int | None = None,
+    vocab_size: int | None = None,
+    offsets: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    frame_size: int | str = DEFAULT_FRAME_SIZE,
+    compression_level: int = 3,
+    progress: bool | None = None,
+) -> Manifest:
+    """Convert the ``fmt`` corpus at ``input`` into a stream at ``output``; returns its manifest.
+
+    Record k of the stream is document k of the source (zero-length documents included).
+    """
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be a positive number of documents, got {limit}")
+    if vocab_size is not None and vocab_size < 1:
+        raise ConfigError(f"vocab size must be positive, got {vocab_size}")
+    shard_bytes, frame_bytes = parse_size(shard_size), parse_size(frame_size)
+    source = open_source(fmt, input, eos_id=eos_id, dtype=dtype, field=field, offsets=offsets)
+    lengths = source.lengths()
+    if limit is not None:
+        lengths = lengths[:limit]
+    num_docs = len(lengths)
+    if num_docs == 0:
+        raise SourceError(f"{source.where}: the corpus holds no documents")
+    if int(lengths.sum()) == 0:
+        raise SourceError(f"{source.where}: the corpus holds {num_docs} documents but no tokens")
+    chosen = check_tokens(source, num_docs, vocab_size, token_dtype)
+    fingerprint = source.fingerprint() if limit is None else f"{source.fingerprint()}:{num_docs}"
+    itemsize = np.dtype(chosen).itemsize
+    doc_starts = cut_points(records_nbytes(lengths, itemsize), shard_bytes)
+
+    url = str(output)
+    fs, path = open_url(url, storage_options)
+    prepare_output(fs, path, url, source_fingerprint=fingerprint, overwrite=overwrite)
+    fs.makedirs(path, exist_ok=True)  # a no-op on object stores
+    jobs = [
+        ShardJob(
+            source=source.view(run[0][1], run[-1][2]),
+            shards=run,
+            url=url,
+            storage_options=storage_options,
+            token_dtype=chosen,
+            frame_size=frame_bytes,
+            compression_level=compression_level,
+        )
+        for run in plan_jobs(doc_starts, num_docs, workers)
+    ]
+    total_bytes = int(lengths.sum()) * source.dtype.itemsize
+    show = progress_enabled() if progress is None else progress
+    bar = Progress(total_bytes, source.dtype.itemsize, show)
+    try:
+        rows = run_jobs(jobs, workers, bar.update)
+    finally:
+        bar.close()
+
+    conversion = {
+        "source_format": fmt,
+        "source_dtype": source.dtype.name,
+        "num_documents": num_docs,
+        "shard_size": shard_bytes,
+        "frame_size": frame_bytes,
+        "compression_level": compression_level,
+        "limit": limit,
+        **source.params,
+    }
+    manifest = build_manifest(
+        rows,
+        token_dtype=chosen,
+        eos_id=source.eos_id,
+        vocab_size=vocab_size,
+        docs_end_with_eos=source.docs_end_with_eos,
+        conversion=conversion,
+        source_fingerprint=fingerprint,
+    )
+    write_manifest(fs, path, manifest)
+    return manifest
+
+
+def run_jobs(jobs: list[ShardJob], workers: int, update: Callable[[int, int], None]) -> list[dict]:
+    """Run ``jobs`` inline (one worker) or in a process pool; rows in shard order."""
+    rows: dict[int, dict[str, Any]] = {}
+
+    def collect(done) -> None:
+        for shard, row, docs, tokens in done:
+            rows[shard] = row
+            update(docs, tokens)
+
+    if workers == 1 or len(jobs) == 1:
+        for job in jobs:
+            collect(run_job(job))
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context()) as pool:
+            futures = [pool.submit(run_job, job) for job in jobs]
+            for future in as_completed(futures):
+                collect(future.result())
+    return [rows[s] for s in sorted(rows)]
+
+
+def pool_context():
+    """fork where available: a spawned worker re-imports ``streamforge`` (and torch with it),
+    seconds per worker. Forking is safe here: workers touch no torch state, and fsspec
+    resets its event loop and instance cache in a forked child."""
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    return get_context(method)
+
+
+class Progress:
+    """A tqdm bar over source token bytes, with documents/s and tokens/s alongside."""
+
+    def __init__(self, total_bytes: int, itemsize: int, enabled: bool) -> None:
+        self.itemsize = itemsize
+        self.docs = 0
+        self.tokens = 0
+        self.start = time.perf_counter()
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_bytes, unit="B", unit_scale=True, desc="convert", dynamic_ncols=True
+            )
+
+    def update(self, docs: int, tokens: int) -> None:
+        self.docs += docs
+        self.tokens += tokens
+        if self.bar is None:
+            return
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(
+            f"{self.docs / elapsed:,.0f} docs/s, {self.tokens / elapsed:,.0f} tok/s", refresh=False
+        )
+        self.bar.update(tokens * self.itemsize)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,95 @@
+"""Run-wide storage settings: retries, prefetch budget, local cache, integrity policy.
+
+Both classes are frozen dataclasses checked in ``__post_init__``, so a bad value fails when
+the dataset is built, before training starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+VERIFY_MODES = ("size", "sha256")
+ON_ERROR_MODES = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How transient storage faults are retried.
+
+    Attempt ``k`` (1-based) that fails waits ``min(backoff_max, backoff_base * 2**(k-1))``
+    scaled by a random factor in ``[1 - jitter, 1]`` before the next one. ``timeout`` is the
+    per-request socket timeout (connect and each read) handed to the filesystem.
+    """
+
+    attempts: int = 8
+    backoff_base: float = 0.05
+    backoff_max: float = 5.0
+    timeout: float = 30.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ConfigError(f"RetryPolicy.attempts must be an int >= 1, got {self.attempts!r}")
+        for name in ("backoff_base", "backoff_max", "timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
+        if self.timeout == 0:
+            raise ConfigError("RetryPolicy.timeout must be > 0")
+        if not 0 <= self.jitter <= 1:
+            raise ConfigError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}")
+
+    def delay(self, attempt: int, unit_random: float) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based); ``unit_random`` in [0, 1)."""
+        base = min(self.backoff_max, self.backoff_base * (2 ** (attempt - 1)))
+        return base * (1.0 - self.jitter * unit_random)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Storage options shared by every stream of a dataset.
+
+    - ``prefetch_bytes``: per-worker budget of compressed bytes fetched ahead of the reader;
+      0 turns background prefetch off (reads become plain ranged requests).
+    - ``cache_dir`` / ``cache_limit``: keep fetched frames on local disk, least recently used
+      evicted past ``cache_limit`` bytes (None: no limit). Safe to share between processes.
+    - ``verify``: ``"size"`` checks every frame's size and zstd checksum against the shard
+      index, and the index against the manifest; ``"sha256"`` also checks each shard's sha256
+      when a pass reads it from its first frame to its last.
+    - ``on_error``: ``"raise"`` a ``ShardCorruptError`` for damaged data, or ``"skip"`` the
+      damaged records, log them and list them in ``ShardSource.skipped``.
+    - ``request_bytes``: the most bytes one background request asks for (frames are grouped
+      up to this size, so a 64 MiB shard takes a handful of requests).
+    - ``prefetch_threads``: background fetch threads per reader.
+    """
+
+    prefetch_bytes: int = 64 << 20
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+    verify: str = "size"
+    on_error: str = "raise"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    request_bytes: int = 8 << 20
+    prefetch_threads: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefetch_bytes, int) or self.prefetch_bytes < 0:
+            raise ConfigError(f"prefetch_bytes must be an int >= 0, got {self.prefetch_bytes!r}")
+        if self.cache_limit is not None and (
+            not isinstance(self.cache_limit, int) or self.cache_limit <= 0
+        ):
+            raise ConfigError(f"cache_limit must be a positive int or None, got {self.cache_limit!r}")
+        if self.cache_limit is not None and self.cache_dir is None:
+            raise ConfigError("cache_limit is set but cache_dir is not")
+        if self.verify not in VERIFY_MODES:
+            raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+        if self.on_error not in ON_ERROR_MODES:
+            raise ConfigError(f"on_error must be one of {ON_ERROR_MODES}, got {self.on_error!r}")
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+        if not isinstance(self.request_bytes, int) or self.request_bytes <= 0:
+            raise ConfigError(f"request_bytes must be a positive int, got {self.request_bytes!r}")
+        if not isinstance(self.prefetch_threads, int) or self.prefetch_threads < 1:
+            raise ConfigError(f"prefetch_threads must be an int >= 1, got {self.prefetch_threads!r}")

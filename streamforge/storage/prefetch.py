@@ -1,0 +1,231 @@
+"""Background fetching of the frames a reader will decode next, within a byte budget.
+
+The reader hands over its plan: the ordered frame requests it will make (``FetchUnit``s,
+consecutive frames of one shard grouped up to ``request_bytes``). A scheduler thread walks
+the plan and queues units for ``threads`` fetch threads while the bytes in flight plus the
+bytes fetched but not yet taken stay within ``budget``; a unit larger than the budget is
+still fetched when nothing else is held, so progress never stalls. The reader ``take``s
+frames in plan order; a frame it never asks for is released once the reader has taken a
+later one. A new plan replaces the old one at once (results of the old plan are dropped).
+
+Failures in the background are not retried twice: the fetch function already retries, and
+its final error is handed to the reader when it takes the frame, so it surfaces in the
+reader's thread with the reader's context.
+
+Memory held per reader: at most ``budget`` plus one unit's bytes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+Key = tuple[int, int]  # (shard, frame)
+Pos = tuple[int, int]  # (index of the planned range, frame): the reader's order
+_END: Pos = (1 << 62, 0)
+
+
+@dataclass(frozen=True)
+class FetchUnit:
+    """Frames ``first..stop-1`` of ``shard``, planned range ``range_idx``: one request."""
+
+    range_idx: int
+    shard: int
+    first: int
+    stop: int
+    nbytes: int
+
+
+class _Entry:
+    __slots__ = ("pos", "nbytes", "data", "error", "done")
+
+    def __init__(self, pos: Pos, nbytes: int) -> None:
+        self.pos = pos
+        self.nbytes = nbytes
+        self.data = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class Prefetcher:
+    """Fetches planned units ahead of the reader; one per reader, started lazily."""
+
+    def __init__(self, fetch: Callable[[FetchUnit], list], budget: int, threads: int) -> None:
+        self._fetch = fetch  # unit -> list of per-frame buffers, in frame order
+        self.budget = budget
+        self.threads = threads
+        self._cond = threading.Condition()
+        self._entries: dict[Key, _Entry] = {}
+        self._held = 0
+        self._generation = 0
+        self._reader_pos: Pos = (-1, 0)
+        self._progress: Pos = _END  # every frame before this position is registered
+        self._plan: Iterator[FetchUnit] | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False
+        self._workers: list[threading.Thread] = []
+        self._scheduler: threading.Thread | None = None
+        self.hits = 0
+        self.waits = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    # -- reader side ----------------------------------------------------------------------
+    def plan(self, units: Iterable[FetchUnit]) -> None:
+        """Replace the plan; ``units`` may be lazy (it is consumed by the scheduler thread)."""
+        with self._cond:
+            self._generation += 1
+            self._entries.clear()
+            self._held = 0
+            self._reader_pos = (-1, 0)
+            self._progress = (-1, 0)
+            self._plan = iter(units)
+            self._cond.notify_all()
+        self._start()
+
+    def take(self, key: Key, pos: Pos):
+        """The buffer of frame ``key`` if the plan has it at or before ``pos``, else None.
+
+        Waits for the scheduler to reach ``pos`` and for the fetch to finish; raises the
+        error the background fetch ended with.
+        """
+        with self._cond:
+            if pos > self._reader_pos:
+                self._reader_pos = pos
+                self._drop_passed()
+            generation = self._generation
+            if key not in self._entries and self._progress <= pos:
+                self.waits += 1
+                while (
+                    key not in self._entries
+                    and self._progress <= pos
+                    and generation == self._generation
+                    and not self._closed
+                ):
+                    self._cond.wait()
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            while not entry.done and self._entries.get(key) is entry:
+                self._cond.wait()
+            if self._entries.get(key) is not entry:
+                return None  # the plan was replaced while waiting
+            del self._entries[key]
+            self._release(entry)
+            self._cond.notify_all()
+            if entry.error is not None:
+                raise entry.error
+            self.hits += 1
+            return entry.data
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._generation += 1
+            self._entries.clear()
+            self._held = 0
+            self._cond.notify_all()
+        for _ in self._workers:
+            self._queue.put(None)
+
+    # -- internals (call with the lock held) ----------------------------------------------
+    def _release(self, entry: _Entry) -> None:
+        self._held -= entry.nbytes
+        entry.nbytes = 0
+
+    def _drop_passed(self) -> None:
+        stale = [k for k, e in self._entries.items() if e.done and e.pos < self._reader_pos]
+        for k in stale:
+            self._release(self._entries.pop(k))
+        if stale:
+            self._cond.notify_all()
+
+    # -- background -----------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._scheduler is not None:
+            return
+        self._scheduler = threading.Thread(target=self._schedule, name="sf-prefetch", daemon=True)
+        self._scheduler.start()
+        for i in range(self.threads):
+            t = threading.Thread(target=self._work, name=f"sf-fetch-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    def _schedule(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and self._plan is None:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                generation, plan = self._generation, self._plan
+            try:
+                unit = next(plan, None)
+            except Exception:  # noqa: BLE001 - the reader fetches and raises on its own
+                unit = None
+            with self._cond:
+                if generation != self._generation:
+                    continue
+                if unit is None:
+                    self._plan = None
+                    self._progress = _END
+                    self._cond.notify_all()
+                    continue
+                self._progress = max(self._progress, (unit.range_idx, unit.first))
+                self._cond.notify_all()
+                while (
+                    not self._closed
+                    and generation == self._generation
+                    and self._held > 0
+                    and self._held + unit.nbytes > self.budget
+                ):
+                    self._cond.wait()
+                if self._closed or generation != self._generation:
+                    continue
+                keys, entries = self._register(unit)
+                self._progress = max(self._progress, (unit.range_idx, unit.stop))
+                self._cond.notify_all()
+            if keys:
+                self._queue.put((generation, unit, keys, entries))
+
+    def _register(self, unit: FetchUnit) -> tuple[list[Key], list[_Entry]]:
+        count = unit.stop - unit.first
+        share = unit.nbytes // count
+        keys, entries = [], []
+        for i, frame in enumerate(range(unit.first, unit.stop)):
+            nbytes = share if i < count - 1 else unit.nbytes - share * (count - 1)
+            entry = _Entry((unit.range_idx, frame), nbytes)
+            key = (unit.shard, frame)
+            old = self._entries.get(key)
+            if old is not None:
+                self._release(old)
+            self._entries[key] = entry
+            keys.append(key)
+            entries.append(entry)
+        self._held += unit.nbytes
+        return keys, entries
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            generation, unit, keys, entries = item
+            with self._cond:
+                if generation != self._generation:
+                    continue
+            try:
+                buffers, error = self._fetch(unit), None
+            except BaseException as exc:  # noqa: BLE001 - handed to the reader in take()
+                buffers, error = [None] * len(keys), exc
+            with self._cond:
+                for k, e, buf in zip(keys, entries, buffers):
+                    e.data, e.error, e.done = buf, error, True
+                    current = generation == self._generation and self._entries.get(k) is e
+                    if current and e.pos < self._reader_pos:
+                        self._release(self._entries.pop(k))
+                self._cond.notify_all()

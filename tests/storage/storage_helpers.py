@@ -1,0 +1,61 @@
+"""Helpers of the storage tests (imported by name: tests/storage is on sys.path)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamforge.format.reader import ShardSource
+from streamforge.format.writer import ShardWriter
+from streamforge.storage.config import RetryPolicy, StorageConfig
+
+FAST_RETRY = RetryPolicy(attempts=8, backoff_base=0.01, backoff_max=0.05, timeout=1.0, jitter=0.5)
+
+
+def make_docs(seed: int = 7, count: int = 300, max_len: int = 400) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 60000, size=int(n)) for n in rng.integers(0, max_len, size=count)]
+
+
+def write_corpus(url: str, docs, storage_options=None, shard_size="48KiB", frame_size="4KiB"):
+    with ShardWriter(
+        url, shard_size=shard_size, frame_size=frame_size, storage_options=storage_options
+    ) as writer:
+        for doc in docs:
+            writer.write(doc)
+    return writer.close()
+
+
+def full_ranges(source: ShardSource) -> list[tuple[int, int, int]]:
+    counts = source.manifest.columns["num_records"].tolist()
+    return [(s, 0, n) for s, n in enumerate(counts)]
+
+
+def read_all(source: ShardSource, window: int = 37, plan: bool = True):
+    """Every record of the stream as ``(shard, record, tokens)``, read ``window`` at a time."""
+    ranges = full_ranges(source)
+    if plan:
+        source.plan_reads(ranges)
+    out = []
+    for shard, start, stop in ranges:
+        for a in range(start, stop, window):
+            batch = source.read(shard, a, min(stop, a + window))
+            out.extend(
+                (int(batch.shard[i]), int(batch.record[i]), batch.doc(i).copy())
+                for i in range(len(batch))
+            )
+    return out
+
+
+def tokens_of(records) -> list[np.ndarray]:
+    return [t for _, _, t in records]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def config(**kwargs) -> StorageConfig:
+    kwargs.setdefault("retry", FAST_RETRY)
+    kwargs.setdefault("request_bytes", 16 << 10)
+    kwargs.setdefault("prefetch_bytes", 64 << 10)
+    return StorageConfig(**kwargs)

@@ -1,0 +1,137 @@
+"""Storage contract: the same checks on local paths, file:// URLs and S3 (moto over HTTP)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from streamforge.errors import ConfigError, ManifestError
+from streamforge.format.manifest import MANIFEST_NAME, Manifest
+from streamforge.format.reader import ShardSource, read_records
+from streamforge.storage.config import RetryPolicy, StorageConfig
+from streamforge.storage.open import check_stream, open_url
+
+
+@pytest.mark.parametrize("prefetch", [0, 64 << 10])
+def test_full_stream_equals_written_docs(corpus, docs, prefetch):
+    _, url, opts, manifest = corpus
+    source = ShardSource.open(url, opts, config(prefetch_bytes=prefetch))
+    got = read_all(source)
+    assert same(tokens_of(got), docs)
+    stats = source.stats()
+    assert stats["bytes_needed"] == int(manifest.num_bytes - manifest.columns["index_bytes"].sum())
+    assert stats["bytes_fetched"] == manifest.num_bytes  # each byte exactly once
+    assert stats["requests"] <= manifest.num_shards * 4 if prefetch else True
+    assert stats["prefetch_hits"] == (stats["frames_decoded"] if prefetch else 0)
+    source.close()
+
+
+def test_ranged_reads_fetch_only_their_frames(corpus, docs):
+    _, url, opts, manifest = corpus
+    source = ShardSource.open(url, opts, config(prefetch_bytes=0))
+    rng = np.random.default_rng(3)
+    starts = manifest.first_records
+    for _ in range(20):
+        shard = int(rng.integers(manifest.num_shards))
+        n = int(manifest.columns["num_records"][shard])
+        a = int(rng.integers(n))
+        b = int(rng.integers(a + 1, n + 1))
+        before = source.stats()
+        batch = source.read(shard, a, b)
+        after = source.stats()
+        expected = docs[starts[shard] + a : starts[shard] + b]
+        assert same([batch.doc(i) for i in range(len(batch))], expected)
+        assert list(batch.record) == list(range(a, b))
+        index = source.index(shard)
+        f0, f1 = int(index.frame_of_record(a)), int(index.frame_of_record(b - 1)) + 1
+        lo, hi = index.byte_range(f0, f1)
+        fetched = after["bytes_fetched"] - before["bytes_fetched"]
+        index_bytes = int(manifest.columns["index_bytes"][shard])
+        assert fetched <= hi - lo + index_bytes  # only the frames read (and the index once)
+
+
+def test_read_records_and_pickling(corpus, docs):
+    _, url, opts, manifest = corpus
+    got = list(read_records(url, 1, 2, 9, storage_options=opts))
+    start = int(manifest.first_records[1])
+    assert same(got, docs[start + 2 : start + 9])
+    source = ShardSource.open(url, opts, config())
+    clone = pickle.loads(pickle.dumps(source))  # before first use (DataLoader workers)
+    assert same(tokens_of(read_all(clone)), docs)
+    again = pickle.loads(pickle.dumps(clone))  # after use: threads and handles are dropped
+    assert same(tokens_of(read_all(again, plan=False)), docs)
+    clone.close()
+
+
+def test_reads_outside_the_plan_still_work(corpus, docs):
+    _, url, opts, manifest = corpus
+    source = ShardSource.open(url, opts, config())
+    source.plan_reads([(2, 0, 10), (3, 0, 5)])
+    batch = source.read(0, 0, 5)  # not planned
+    assert same([batch.doc(i) for i in range(5)], docs[:5])
+    source.plan_reads([(1, 3, 8)])  # replaces the plan
+    batch = source.read(1, 3, 8)
+    start = int(manifest.first_records[1])
+    assert same([batch.doc(i) for i in range(5)], docs[start + 3 : start + 8])
+    source.close()
+
+
+def test_missing_manifest(backend):
+    kind, url, opts = backend
+    fs, path = open_url(url, opts)
+    fs.makedirs(path, exist_ok=True)
+    if kind == "s3":
+        fs.pipe(f"{path}/other.txt", b"x")  # the bucket exists, the manifest does not
+    with pytest.raises(ManifestError, match=f"no {MANIFEST_NAME}"):
+        check_stream(url, opts)
+
+
+def test_other_format_version(backend, docs):
+    kind, url, opts = backend
+    write_corpus(url, docs[:20], opts)
+    fs, path = open_url(url, opts)
+    data = json.loads(fs.cat_file(f"{path}/{MANIFEST_NAME}"))
+    data["version"] = 99
+    fs.pipe(f"{path}/{MANIFEST_NAME}", json.dumps(data).encode())
+    with pytest.raises(ManifestError, match="format version 99"):
+        ShardSource.open(url, opts)
+
+
+def test_missing_bucket(s3_server):
+    opts = s3_server.storage_options()
+    with pytest.raises(ManifestError, match="bucket 'no-such-bucket' does not exist"):
+        check_stream("s3://no-such-bucket/web", opts)
+
+
+def test_no_credentials(s3_server, monkeypatch, tmp_path):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    opts = {"client_kwargs": {"endpoint_url": s3_server.endpoint_url}, "skip_instance_cache": True}
+    with pytest.raises(ManifestError, match="no usable credentials"):
+        check_stream(f"s3://{s3_server.new_bucket()}/web", opts)
+
+
+def test_config_is_validated():
+    with pytest.raises(ConfigError, match="verify"):
+        StorageConfig(verify="md5")
+    with pytest.raises(ConfigError, match="on_error"):
+        StorageConfig(on_error="ignore")
+    with pytest.raises(ConfigError, match="cache_dir"):
+        StorageConfig(cache_limit=10)
+    with pytest.raises(ConfigError, match="attempts"):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ConfigError, match="jitter"):
+        RetryPolicy(jitter=2.0)
+
+
+def test_manifest_load_is_one_request(corpus):
+    _, url, opts, manifest = corpus
+    loaded = Manifest.load(url, opts)
+    assert loaded.fingerprint == manifest.fingerprint

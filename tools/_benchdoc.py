@@ -1,0 +1,39 @@
+"""Write one benchmark's figures into its own marked section of ``docs/benchmarks.md``.
+
+Each benchmark owns the block between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``;
+updating it leaves the rest of the file untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "benchmarks.md")
+HEADER = (
+    "# Benchmarks\n\n"
+    "Figures measured on the machine named in each section; every section is written by the\n"
+    "tool it names, so rerun that tool to refresh it.\n"
+)
+
+
+def update_section(name: str, markdown_text: str, path: str = DOC) -> None:
+    """Replace (or append) the ``name`` section of the benchmarks document."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"section name {name!r} must be letters, digits, '.', '_' or '-'")
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{markdown_text.strip()}\n{end}"
+    text = HEADER
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text if text.endswith("\n") else text + "\n")
+    os.replace(tmp, path)
