@@ -1,0 +1,137 @@
+"""The batch contract (docs/batch.md), checked against the documents as written."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline_helpers import EOS, dataset, loader, take, write_stream
+from streamforge.batch import IGNORE_INDEX
+
+
+def _check_batches(batches, docs_by_stream, *, seq_len, packing, boundary):
+    """Every contract rule, and token conservation, for a whole pass."""
+    seen = {}  # (stream, shard, record) -> list of (token_start, length)
+    for batch in batches:
+        ids, labels, pos = batch["input_ids"], batch["labels"], batch["position_ids"]
+        doc_ids, src, segs = batch["doc_ids"], batch["source_ids"], batch["segments"]
+        assert ids.dtype == labels.dtype == pos.dtype == torch.int64
+        assert doc_ids.dtype == torch.int32 and src.dtype == torch.int16
+        for b in range(ids.shape[0]):
+            t = 0
+            for k in range(segs.shape[1]):
+                stream, shard, record, token_start, length = segs[b, k].tolist()
+                if stream < 0:
+                    break
+                doc = docs_by_stream[stream][(shard, record)]
+                full = np.append(doc, EOS)
+                piece = ids[b, t : t + length].numpy()
+                assert np.array_equal(piece, full[token_start : token_start + length])
+                assert doc_ids[b, t : t + length].eq(k).all()
+                assert src[b, t : t + length].eq(stream).all()
+                assert torch.equal(pos[b, t : t + length], torch.arange(length))
+                # labels: the next token of the same document, else -100 (document boundary)
+                want = full[token_start + 1 : token_start + length + 1].astype(np.int64)
+                if len(want) < length:  # the piece ends its document
+                    if boundary == "document":
+                        want = np.append(want, IGNORE_INDEX)
+                    else:
+                        want = np.append(want, labels[b, t + length - 1].item())
+                assert np.array_equal(labels[b, t : t + length].numpy(), want)
+                seen.setdefault((stream, shard, record), []).append((token_start, length))
+                t += length
+            assert (doc_ids[b, t:] == -1).all() and (labels[b, t:] == IGNORE_INDEX).all()
+            assert (src[b, t:] == -1).all()
+            if packing == "concat":
+                assert t == seq_len or batch is batches[-1]
+    # conservation: every non-empty document exactly once, its pieces contiguous
+    expected = {(s, key) for s, docs in docs_by_stream.items() for key, d in docs.items() if len(d)}
+    assert {(s, (sh, r)) for s, sh, r in seen} == expected
+    for (stream, shard, record), pieces in seen.items():
+        full_len = len(docs_by_stream[stream][(shard, record)]) + 1
+        covered = 0
+        for start, length in sorted(pieces):
+            assert start == covered
+            covered += length
+        assert covered == (full_len if packing != "pad" else min(full_len, seq_len))
+
+
+def _docs_by_key(url, docs):
+    from streamforge import Manifest
+
+    m = Manifest.load(url)
+    out, i = {}, 0
+    for shard, n in enumerate(m.columns["num_records"].tolist()):
+        for r in range(n):
+            out[(shard, r)] = docs[i]
+            i += 1
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.lists(st.integers(0, 150), min_size=1, max_size=25), min_size=1, max_size=3),
+    seq_len=st.integers(4, 64),
+    packing=st.sampled_from(["concat", "bestfit", "pad"]),
+    boundary=st.sampled_from(["document", "stream"]),
+    batch_size=st.integers(1, 3),
+    seed=st.integers(0, 100),
+)
+def test_contract_and_conservation(tmp_path_factory, lengths, seq_len, packing, boundary, batch_size, seed):
+    if packing != "concat" and boundary == "stream":
+        boundary = "document"  # stream boundary is plain stream packing: concat only
+    rng = np.random.default_rng(seed)
+    tmp = tmp_path_factory.mktemp("c")
+    corpus, docs_by_stream = {}, {}
+    for i, lens in enumerate(lengths):
+        if sum(lens) == 0:
+            lens = lens + [3]
+        docs = [rng.integers(1, 500, size=n).astype(np.uint16) for n in lens]
+        url = str(tmp / f"s{i}")
+        write_stream(url, docs, shard_size="1KiB", frame_size="512B")
+        corpus[f"s{i}"] = (url, docs)
+        docs_by_stream[i] = _docs_by_key(url, docs)
+    ds = dataset(corpus, weights=[1.0 + i for i in range(len(corpus))], seq_len=seq_len, shuffle_buffer=7,
+                 packing=packing, boundary=boundary, provenance=True, bestfit_window=5, seed=seed)
+    batches = take(loader(ds, batch_size=batch_size))
+    _check_batches(batches, docs_by_stream, seq_len=seq_len, packing=packing, boundary=boundary)
+
+
+def test_bestfit_pads_less_than_pad_and_splits_only_long_documents(tmp_path, rng):
+    docs = [rng.integers(1, 500, size=int(n)).astype(np.uint16) for n in rng.integers(1, 120, size=300)]
+    url = str(tmp_path / "s")
+    write_stream(url, docs)
+    corpus = {"s": (url, docs)}
+    counts = {}
+    for packing in ("bestfit", "pad"):
+        batches = take(loader(dataset(corpus, seq_len=128, packing=packing, provenance=True), batch_size=4))
+        counts[packing] = sum(int((b["doc_ids"] < 0).sum()) for b in batches)
+        segs = torch.cat([b["segments"].reshape(-1, 5) for b in batches])
+        segs = segs[segs[:, 0] >= 0]
+        assert (segs[:, 3] == 0).all()  # no document shorter than a row is split
+    assert counts["bestfit"] < counts["pad"] / 3
+
+
+def test_documents_with_eos_get_no_second_eos(tmp_path, rng):
+    from streamforge import ShardWriter
+
+    docs = [np.append(rng.integers(10, 100, size=int(n)), 7).astype(np.uint16) for n in rng.integers(1, 30, size=20)]
+    url = str(tmp_path / "s")
+    with ShardWriter(url, eos_id=7, docs_end_with_eos=True, shard_size="1KiB") as w:
+        for d in docs:
+            w.write(d)
+    batches = take(loader(dataset({"s": (url, docs)}, seq_len=16), batch_size=2))
+    flat = torch.cat([b["input_ids"][b["doc_ids"] >= 0] for b in batches])
+    assert int((flat == 7).sum()) == len(docs)
+    assert len(flat) == sum(len(d) for d in docs)
+
+
+def test_missing_eos_id_is_a_clear_error(tmp_path, rng):
+    from streamforge import ConfigError, PackedTokenDataset, ShardWriter
+
+    url = str(tmp_path / "s")
+    with ShardWriter(url) as w:
+        w.write(np.arange(1, 10))
+    with pytest.raises(ConfigError, match="eos_id"):
+        PackedTokenDataset(url, seq_len=8)
