@@ -45,6 +45,10 @@ def _check_batches(batches, docs_by_stream, *, seq_len, packing, boundary):
             assert (src[b, t:] == -1).all()
             if packing == "concat":
                 assert t == seq_len or batch is batches[-1]
+    if boundary == "stream":  # plain stream packing: labels are the token stream shifted once
+        stream = torch.cat([b["input_ids"][b["doc_ids"] >= 0] for b in batches])
+        labels = torch.cat([b["labels"][b["doc_ids"] >= 0] for b in batches])
+        assert torch.equal(labels[:-1], stream[1:]) and labels[-1] == IGNORE_INDEX
     # conservation: every non-empty document exactly once, its pieces contiguous
     expected = {(s, key) for s, docs in docs_by_stream.items() for key, d in docs.items() if len(d)}
     assert {(s, (sh, r)) for s, sh, r in seen} == expected
