@@ -131,7 +131,8 @@ class PackedTokenDataset(IterableDataset):
     ) -> None:
         self.streams = _normalize_streams(streams)
         self.manifests = list(manifests) if manifests is not None else [
-            Manifest.load(s.url, s.storage_options) for s in self.streams
+            Manifest.load(s.url, s.storage_options, retry=(storage or StorageConfig()).retry)
+            for s in self.streams
         ]
         self.storage = storage or StorageConfig()
         eos = self._resolve_eos(eos_id)
@@ -198,14 +199,6 @@ class PackedTokenDataset(IterableDataset):
             pipeline.close()
 
 
-def _open_source(manifest: Manifest, stream: Stream, storage: StorageConfig) -> ShardSource:
-    fetcher = ByteFetcher(stream.url, stream.storage_options)
-    try:
-        return ShardSource(manifest, fetcher, config=storage)
-    except TypeError:  # TODO: remove once ShardSource takes config
-        return ShardSource(manifest, fetcher)
-
-
 class WorkerPipeline:
     """The stages of one global worker, with their joint state."""
 
@@ -217,7 +210,8 @@ class WorkerPipeline:
         self.sources = []
         buffers = []
         for stream, manifest in zip(dataset.streams, dataset.manifests):
-            source = _open_source(manifest, stream, dataset.storage)
+            fetcher = ByteFetcher(stream.url, stream.storage_options, dataset.storage.retry)
+            source = ShardSource(manifest, fetcher, config=dataset.storage)
             reader = ShardReader(
                 source, seed=cfg.seed, stream_key=stream.name, global_worker=self.global_worker,
                 num_global_workers=self.num_global_workers, infinite=cfg.infinite, first_pass=first_pass,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipeline_helpers import dataset, loader, make_corpus, take
+from s3_server import free_port
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 
@@ -57,7 +58,7 @@ def test_torchrun_gloo_two_ranks(corpus, tmp_path):
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           "--master_port=0", "--rdzv_backend=static", str(WORKER), str(out), *urls]
+           f"--master_port={free_port()}", str(WORKER), str(out), *urls]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "result.json").read_text())
