@@ -97,6 +97,7 @@ class ShardSource:
         self._index_locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self._decompressor = None
+        self._thread_local = threading.local()
         self._prefetcher: Prefetcher | None = None
         self._plan: list[tuple[int, int, int]] = []
         self._plan_by_shard: dict[int, list[int]] = {}
@@ -227,18 +228,38 @@ class ShardSource:
             if last == (shard, first):
                 first += 1  # planned already as the previous range's last frame
             sizes = index.frames["comp_size"]
+            raw_sizes = index.frames["raw_size"]
             f = first
             while f < end:
                 g, nbytes = f, 0
                 while g < end and (g == f or nbytes + int(sizes[g]) <= cap):
                     nbytes += int(sizes[g])
                     g += 1
-                yield FetchUnit(i, shard, f, g, nbytes)
+                # a unit is held compressed and decoded: both count against the budget
+                yield FetchUnit(i, shard, f, g, nbytes + int(raw_sizes[f:g].sum()))
                 f = g
             last = (shard, end - 1)
 
     def _fetch_unit(self, unit: FetchUnit) -> list:
-        return self._fetch_frames(unit.shard, unit.first, unit.stop, self.index(unit.shard))
+        """Fetch a planned unit and decompress its frames on the fetch thread: zstd releases
+        the GIL, so decoding overlaps the reader's work even without worker processes. A frame
+        that fails to decode here is handed over compressed and fails again, with the reader's
+        error policy, in ``_decode``."""
+        index = self.index(unit.shard)
+        got = self._fetch_frames(unit.shard, unit.first, unit.stop, index)
+        local = self._thread_local
+        decompressor = getattr(local, "decompressor", None)
+        if decompressor is None:
+            decompressor = local.decompressor = zstandard.ZstdDecompressor()
+        out = []
+        for f, (buf, from_cache) in zip(range(unit.first, unit.stop), got):
+            raw_size = int(index.frames["raw_size"][f])
+            try:
+                raw = decompressor.decompress(buf, max_output_size=raw_size)
+            except zstandard.ZstdError:
+                raw = None
+            out.append((buf, from_cache, raw if raw is not None and len(raw) == raw_size else None))
+        return out
 
     def _plan_pos(self, shard: int, start: int) -> int | None:
         """Index of the planned range holding record ``start`` of ``shard`` (searching forward)."""
@@ -317,10 +338,12 @@ class ShardSource:
     def _decode(self, shard: int, f: int, got, index: ShardIndex) -> bytes:
         if self._decompressor is None:
             self._decompressor = zstandard.ZstdDecompressor()
-        buf, from_cache = got
+        buf, from_cache = got[0], got[1]
         raw_size = int(index.frames["raw_size"][f])
         try:
-            raw = self._decompressor.decompress(buf, max_output_size=raw_size)
+            raw = got[2] if len(got) > 2 and got[2] is not None else None
+            if raw is None:
+                raw = self._decompressor.decompress(buf, max_output_size=raw_size)
             if len(raw) != raw_size:
                 raise ShardCorruptError(f"decodes to {len(raw)} bytes, index says {raw_size}")
         except (zstandard.ZstdError, ShardCorruptError) as exc:
