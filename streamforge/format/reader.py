@@ -12,7 +12,6 @@ import bisect
 import hashlib
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -29,14 +28,30 @@ from .manifest import Manifest
 log = logging.getLogger("streamforge.storage")
 
 
-@dataclass
 class DocBatch:
-    """Documents as one flat token array: document i is ``tokens[offsets[i]:offsets[i+1]]``."""
+    """Documents as one flat token array: document i is ``tokens[offsets[i]:offsets[i+1]]``.
 
-    tokens: np.ndarray
-    offsets: np.ndarray  # int64, len n + 1
-    shard: np.ndarray  # int64 per document
-    record: np.ndarray  # int64 per document (index within its shard)
+    A batch read from shards may instead hold ``views``: one byte view per document into the
+    decoded frames, so a consumer that reorders documents (the shuffle) copies each token
+    once; ``tokens`` is then built on first use.
+    """
+
+    __slots__ = ("_tokens", "views", "dtype", "offsets", "shard", "record")
+
+    def __init__(self, tokens, offsets, shard, record, *, views=None, dtype=None) -> None:
+        self._tokens = tokens
+        self.views = views
+        self.dtype = np.dtype(dtype) if dtype is not None else tokens.dtype
+        self.offsets = offsets
+        self.shard = shard
+        self.record = record
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            joined = np.concatenate(self.views) if self.views else np.zeros(0, np.uint8)
+            self._tokens = joined.view(self.dtype)
+        return self._tokens
 
     def __len__(self) -> int:
         return len(self.record)
@@ -55,14 +70,17 @@ class DocBatch:
             return DocBatch.empty(dtype)
         if len(batches) == 1:
             return batches[0]
-        sizes = np.cumsum([0] + [len(b.tokens) for b in batches[:-1]])
-        offsets = [batches[0].offsets[:1]] + [b.offsets[1:] + s for b, s in zip(batches, sizes)]
-        return DocBatch(
-            tokens=np.concatenate([b.tokens for b in batches]),
-            offsets=np.concatenate(offsets),
-            shard=np.concatenate([b.shard for b in batches]),
-            record=np.concatenate([b.record for b in batches]),
+        sizes = np.cumsum([0] + [int(b.offsets[-1]) for b in batches[:-1]])
+        offsets = np.concatenate(
+            [batches[0].offsets[:1]] + [b.offsets[1:] + s for b, s in zip(batches, sizes)]
         )
+        shard = np.concatenate([b.shard for b in batches])
+        record = np.concatenate([b.record for b in batches])
+        if all(b.views is not None for b in batches):
+            views = [v for b in batches for v in b.views]
+            return DocBatch(None, offsets, shard, record, views=views, dtype=dtype)
+        tokens = np.concatenate([b.tokens for b in batches])
+        return DocBatch(tokens, offsets, shard, record)
 
     @staticmethod
     def empty(dtype: np.dtype) -> DocBatch:
@@ -473,18 +491,15 @@ class ShardSource:
         lengths = records["num_tokens"].astype(np.int64)
         itemsize = self.dtype.itemsize
         frame_of = index.frame_of_record(np.arange(start, stop)) - first_frame
-        pieces = []
-        views = [np.frombuffer(f, np.uint8) for f in frames]
-        for fr, off, n in zip(frame_of.tolist(), records["token_offset"].tolist(), lengths.tolist()):
-            pieces.append(views[fr][off : off + n * itemsize])
-        flat = np.concatenate(pieces).view(self.dtype) if pieces else np.zeros(0, self.dtype)
+        frame_views = [np.frombuffer(f, np.uint8) for f in frames]
+        byte_offsets = records["token_offset"].tolist()
+        byte_stops = (records["token_offset"] + lengths * itemsize).tolist()
+        views = [frame_views[fr][a:b] for fr, a, b in zip(frame_of.tolist(), byte_offsets, byte_stops)]
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return DocBatch(
-            tokens=flat,
-            offsets=offsets,
-            shard=np.full(len(lengths), shard, np.int64),
-            record=np.arange(start, stop, dtype=np.int64),
+            None, offsets, np.full(len(lengths), shard, np.int64),
+            np.arange(start, stop, dtype=np.int64), views=views, dtype=self.dtype,
         )
 
     def read_frames(self, shard: int, first: int, stop: int) -> list[bytes]:

@@ -57,10 +57,12 @@ class ShardReader:
         if getattr(self, "pass_idx", None) != pass_idx or not hasattr(self, "ranges"):
             self.ranges = self.ranges_for(pass_idx)
         self.pass_idx, self.range_idx, self.offset = pass_idx, range_idx, offset
-        self._announce()
+        self._announced = False
 
     def _announce(self) -> None:
-        """Tell the source which records come next, so it can prefetch them."""
+        """Tell the source which records come next, so it can prefetch them (done before the
+        first read after the cursor moved, never on a mere restore)."""
+        self._announced = True
         plan_reads = getattr(self.source, "plan_reads", None)
         if plan_reads is None:
             return
@@ -87,6 +89,8 @@ class ShardReader:
 
     def read(self, max_records: int) -> DocBatch:
         """Up to ``max_records`` documents of the current pass (fewer at its end)."""
+        if not self._announced:
+            self._announce()
         parts = []
         want = max_records
         while want > 0 and self.range_idx < len(self.ranges):
@@ -100,6 +104,31 @@ class ShardReader:
             else:
                 self.offset = hi - start
         return DocBatch.concat(parts, self.source.dtype)
+
+    def peek_ranges(self, max_records: int) -> list[Range]:
+        """The ranges ``read(max_records)`` would read, without reading or moving."""
+        out: list[Range] = []
+        want, i, offset = max_records, self.range_idx, self.offset
+        while want > 0 and i < len(self.ranges):
+            shard, start, stop = self.ranges[i]
+            lo = start + offset
+            hi = min(stop, lo + want)
+            out.append((shard, lo, hi))
+            want -= hi - lo
+            i, offset = (i + 1, 0) if hi == stop else (i, hi - start)
+        return out
+
+    def skip(self, num_records: int) -> None:
+        """Move the cursor ``num_records`` forward without reading (within the pass)."""
+        while num_records > 0 and self.range_idx < len(self.ranges):
+            shard, start, stop = self.ranges[self.range_idx]
+            step = min(num_records, stop - start - self.offset)
+            num_records -= step
+            if start + self.offset + step == stop:
+                self.range_idx, self.offset = self.range_idx + 1, 0
+            else:
+                self.offset += step
+        self._announced = False
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ShardCorruptError
+from ..format.reader import DocBatch
 from ..rng import derive_key, permutation
 from .base import check_state
 from .read import ShardReader
@@ -86,44 +88,76 @@ class ShuffleBuffer:
                     return False
                 self.window_idx = 0
             self._window_start = self.reader.state_dict()
-            docs = self.reader.read(self.size)
-            if self._build(docs):
+            if self._fill(skip=0):
                 return True
             self.window_idx += 1
 
-    def _build(self, docs) -> bool:
-        lengths = docs.lengths
-        keep = np.flatnonzero(lengths > 0)
-        if len(keep) == 0:
+    def _fill(self, skip: int) -> bool:
+        """Read the window at the reader's cursor and lay it out in emission order.
+
+        The order is computed from the records' lengths in the shard indexes, before any
+        token is read; with ``skip`` > 0 (a restore) the first ``skip`` documents of the
+        order were handed on already and are neither fetched nor laid out. The reader ends at
+        the window's end either way.
+        """
+        ranges = self.reader.peek_ranges(self.size)
+        source = self.reader.source
+        shard, record, lengths = _window_records(source, ranges)
+        order = _nonempty_order(lengths, self._key())
+        if len(order) == 0:
+            self.reader.skip(len(record))
             return False
-        key = derive_key("window", self.seed, self.stream_key, self.reader.pass_idx,
-                         self.global_worker, self.window_idx)
-        order = keep[permutation(len(keep), key)]
-        starts = docs.offsets[order]
-        lens = lengths[order]
-        src = docs.tokens
-        if self.eos_id is None:
-            pieces = [src[s : s + n] for s, n in zip(starts.tolist(), lens.tolist())]
-            out_lens = lens
+        if not 0 <= skip <= len(order):
+            raise ValueError(f"ShuffleBuffer: saved position {skip} outside a window of {len(order)} documents")
+        wanted = order[skip:]
+        if skip == 0:
+            docs = self.reader.read(self.size)
         else:
-            eos = np.array([self.eos_id], dtype=src.dtype)
-            pieces = []
-            for s, n in zip(starts.tolist(), lens.tolist()):
-                pieces.append(src[s : s + n])
-                pieces.append(eos)
-            out_lens = lens + 1
-        self.tokens = np.concatenate(pieces)
+            runs = _record_runs(shard[np.sort(wanted)], record[np.sort(wanted)])
+            plan_reads = getattr(source, "plan_reads", None)
+            if plan_reads is not None:
+                plan_reads(runs)  # fetch only the pending documents' frames
+            docs = DocBatch.concat([source.read(s, a, b) for s, a, b in runs], source.dtype)
+            self.reader.skip(len(record))
+        views = _byte_views(docs)
+        lens = lengths[order].copy()
+        lens[:skip] = 0
+        if skip == 0 and len(docs) == len(record):  # every record came back, in window order
+            pieces = [views[i] for i in wanted.tolist()]
+        else:
+            found = {k: i for i, k in enumerate(zip(docs.shard.tolist(), docs.record.tolist()))}
+            empty = np.zeros(0, np.uint8)
+            # a record the source skipped as damaged (on_error="skip") is laid out empty
+            pieces = [views[found[k]] if k in found else empty
+                      for k in zip(shard[wanted].tolist(), record[wanted].tolist())]
+            lens[skip:] = [len(p) // source.dtype.itemsize for p in pieces]
+        self._layout(order, lens, shard, record, pieces, source.dtype, skip)
+        return True
+
+    def _key(self) -> int:
+        return derive_key("window", self.seed, self.stream_key, self.reader.pass_idx,
+                          self.global_worker, self.window_idx)
+
+    def _layout(self, order, lens, shard, record, pieces, dtype, skip: int) -> None:
+        """Concatenate the documents in emission order, EOS after each (one copy)."""
+        out_lens = lens.copy()
+        if self.eos_id is not None:
+            eos = np.array([self.eos_id], dtype).view(np.uint8)
+            pieces = [p for piece in pieces for p in (piece, eos)]
+            out_lens[skip:] += 1
+        self.tokens = np.concatenate(pieces).view(dtype) if pieces else np.zeros(0, dtype)
         self.offsets = np.zeros(len(order) + 1, np.int64)
         np.cumsum(out_lens, out=self.offsets[1:])
-        self.shard = docs.shard[order]
-        self.record = docs.record[order]
+        self.shard = shard[order]
+        self.record = record[order]
         self.loaded = True
-        self.pos = 0
+        self.pos = skip
         self.token_offset = 0
         self._offsets_list = self.offsets.tolist()
         self._shard_list = self.shard.tolist()
         self._record_list = self.record.tolist()
-        return True
+        if skip == len(order):
+            self._finish_window()
 
     def _finish_window(self) -> None:
         self._clear()
@@ -226,10 +260,8 @@ class ShuffleBuffer:
         self._window_start = self.reader.state_dict()
         self.window_idx = int(state["window"])
         if state["loaded"]:
-            docs = self.reader.read(self.size)
-            if not self._build(docs):
-                raise ValueError("ShuffleBuffer: saved window is empty on re-read")
-            self.pos = int(state["pos"])
+            if not self._fill(skip=int(state["pos"])):
+                raise ValueError("ShuffleBuffer: the saved window is empty on re-read")
             self.token_offset = int(state["token_offset"])
 
     def pending_records(self) -> list[tuple[int, int]]:
@@ -237,3 +269,50 @@ class ShuffleBuffer:
         if not self.loaded:
             return []
         return list(zip(self._shard_list[self.pos :], self._record_list[self.pos :]))
+
+
+def _window_records(source, ranges):
+    """(shard, record, num_tokens) of every record in ``ranges``, from the shard indexes.
+
+    A shard whose index cannot be read counts as empty when the source skips damaged data
+    (its records are skipped on read too), so fresh fills and restores agree.
+    """
+    shard, record, lengths = [], [], []
+    for s, a, b in ranges:
+        shard.append(np.full(b - a, s, np.int64))
+        record.append(np.arange(a, b, dtype=np.int64))
+        try:
+            lengths.append(source.index(s).records["num_tokens"][a:b].astype(np.int64))
+        except ShardCorruptError:
+            if getattr(getattr(source, "config", None), "on_error", "raise") != "skip":
+                raise
+            lengths.append(np.zeros(b - a, np.int64))
+    if not shard:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    return np.concatenate(shard), np.concatenate(record), np.concatenate(lengths)
+
+
+def _nonempty_order(lengths: np.ndarray, key: int) -> np.ndarray:
+    keep = np.flatnonzero(lengths > 0)
+    return keep[permutation(len(keep), key)]
+
+
+def _record_runs(shard: np.ndarray, record: np.ndarray):
+    """Maximal (shard, start, stop) runs of consecutive records, in the given order."""
+    if len(shard) == 0:
+        return []
+    breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(record) != 1)) + 1
+    starts = np.concatenate([[0], breaks])
+    stops = np.concatenate([breaks, [len(shard)]])
+    return [(int(shard[a]), int(record[a]), int(record[b - 1]) + 1) for a, b in zip(starts, stops)]
+
+
+def _byte_views(docs: DocBatch) -> list[np.ndarray]:
+    """One uint8 view per document."""
+    if docs.views is not None:
+        return docs.views
+    src = docs.tokens.view(np.uint8)
+    size = docs.dtype.itemsize
+    bounds = (docs.offsets * size).tolist()
+    return [src[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
