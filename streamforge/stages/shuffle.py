@@ -113,7 +113,7 @@ class ShuffleBuffer:
         if skip == 0:
             docs = self.reader.read(self.size)
         else:
-            runs = _record_runs(shard[np.sort(wanted)], record[np.sort(wanted)])
+            runs = _frame_runs(source, shard[np.sort(wanted)], record[np.sort(wanted)], ranges)
             plan_reads = getattr(source, "plan_reads", None)
             if plan_reads is not None:
                 plan_reads(runs)  # fetch only the pending documents' frames
@@ -298,14 +298,22 @@ def _nonempty_order(lengths: np.ndarray, key: int) -> np.ndarray:
     return keep[permutation(len(keep), key)]
 
 
-def _record_runs(shard: np.ndarray, record: np.ndarray):
-    """Maximal (shard, start, stop) runs of consecutive records, in the given order."""
-    if len(shard) == 0:
-        return []
-    breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(record) != 1)) + 1
-    starts = np.concatenate([[0], breaks])
-    stops = np.concatenate([breaks, [len(shard)]])
-    return [(int(shard[a]), int(record[a]), int(record[b - 1]) + 1) for a, b in zip(starts, stops)]
+def _frame_runs(source, shard: np.ndarray, record: np.ndarray, ranges) -> list[tuple[int, int, int]]:
+    """Record ranges covering whole runs of the frames that hold the given (sorted) records,
+    clipped to the window's ``ranges``: one read per run of frames, each frame decoded once."""
+    out = []
+    for s, a, b in ranges:
+        mask = (shard == s) & (record >= a) & (record < b)
+        if not mask.any():
+            continue
+        index = source.index(s)
+        frames = np.unique(index.frame_of_record(record[mask]))
+        breaks = np.flatnonzero(np.diff(frames) != 1) + 1
+        for run in np.split(frames, breaks):
+            lo = max(a, int(index.frames["first_record"][run[0]]))
+            hi = min(b, index.record_stop(int(run[-1])))
+            out.append((s, lo, hi))
+    return out
 
 
 def _byte_views(docs: DocBatch) -> list[np.ndarray]:
