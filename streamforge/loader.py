@@ -29,6 +29,9 @@ from .state import STATE_VERSION, ResumeReport, config_differences, fingerprint
 _STATE_KEYS = ("version", "fingerprint", "config", "epoch", "batches", "next_worker", "workers", "exhausted")
 
 
+_LIVE = "live"  # placeholder: read the state from the suspended in-process pipeline
+
+
 def _identity(item):
     return item
 
@@ -109,6 +112,7 @@ class StreamingLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out (JSON-serializable)."""
+        self._sync_in_process()
         return copy.deepcopy({
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
@@ -163,12 +167,14 @@ class StreamingLoader:
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Counters summed over this rank's workers (as of the last batch handed out)."""
+        self._sync_in_process()
         total: dict[str, Any] = {"batches": self._batches, "epoch": self._epoch}
         for worker_stats in self._stats.values():
             _accumulate(total, worker_stats)
         return total
 
     def skipped(self) -> list[dict[str, Any]]:
+        self._sync_in_process()
         return [item for items in self._skipped.values() for item in items]
 
     # -- iteration -------------------------------------------------------------------------
@@ -187,20 +193,34 @@ class StreamingLoader:
         self._start_epoch(self._epoch + 1)
 
     def _in_process(self):
+        """Batches built in this process. The pipeline is suspended right after the batch it
+        handed out, so its state is read only when asked for (``_sync_in_process``)."""
         if self._exhausted[0]:
             return
         pipeline = self.dataset.make_pipeline(0, 1, first_pass=self._epoch)
         if self._worker_states[0] is not None:
             pipeline.load_state_dict(self._worker_states[0])
+        self._live = pipeline
         try:
             while True:
                 rows = pipeline.next_batch(self.batch_size)
                 if rows is None:
                     self._exhausted[0] = True
                     return
-                yield 0, rows, pipeline.state_dict(), pipeline.stats(), pipeline.skipped()
+                yield 0, rows, _LIVE, _LIVE, _LIVE
         finally:
+            self._sync_in_process()
+            self._live = None
             pipeline.close()
+
+    def _sync_in_process(self) -> None:
+        pipeline = getattr(self, "_live", None)
+        if pipeline is None or self._batches == 0 and self._worker_states[0] is None:
+            return
+        if self._worker_states[0] is _LIVE or self._stats.get(0) is _LIVE:
+            self._worker_states[0] = pipeline.state_dict()
+            self._stats[0] = pipeline.stats()
+            self._skipped[0] = pipeline.skipped()
 
     def _from_workers(self):
         source = _WorkerBatches(
