@@ -2,12 +2,13 @@
 
 A worker sends ``RowBatch``: token ids in their storage dtype, shape [R, T+1] (column T holds
 the token that follows the row, for the last label), and one small record per document piece
-(row, start, length, stream, shard, record, token_start, continues). About 2 bytes per token
+laid out in the flattened batch (start, length, stream, shard, record, token_start,
+continues); a piece may run over a row boundary (concat packing). About 2 bytes per token
 cross the process boundary instead of the ~30 of the expanded int64/int32/int16 tensors.
 
 ``expand`` derives the contract (docs/batch.md) in the consumer process, vectorized over the
-whole batch: labels shifted exactly once, here; positions restart at 0 at every piece start;
-doc ids number the pieces of a row from 0, -1 on padding.
+whole batch: labels shifted exactly once, here; positions restart at 0 at every document and
+every row start; doc ids number the pieces of a row from 0, -1 on padding.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ IGNORE_INDEX = -100
 class RowBatch:
     tokens: np.ndarray  # [R, T+1] storage dtype; padding holds pad_id
     lookahead: np.ndarray  # [R] bool: tokens[:, T] is the token after the row in the stream
-    row: np.ndarray  # [P] int32, pieces sorted by (row, start)
-    start: np.ndarray  # [P] int32 position in the row
-    length: np.ndarray  # [P] int32
+    start: np.ndarray  # [P] int64 position in the flattened [R*T] batch, increasing
+    length: np.ndarray  # [P] int64
     stream: np.ndarray  # [P] int16
     shard: np.ndarray  # [P] int32
     record: np.ndarray  # [P] int64 record index within the shard
@@ -59,6 +59,18 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
+def _row_begin(size: int, seq_len: int) -> np.ndarray:
+    """Start of the row of every flat position (cached per shape)."""
+    key = (size, seq_len)
+    cached = _ROW_BEGIN.get(key)
+    if cached is None:
+        cached = _ROW_BEGIN[key] = (_arange(size) // seq_len) * seq_len
+    return cached
+
+
+_ROW_BEGIN: dict[tuple[int, int], np.ndarray] = {}
+
+
 def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = False) -> dict[str, torch.Tensor]:
     """The full batch contract from a ``RowBatch`` (numpy work, then zero-copy to torch)."""
     rows, width = batch.tokens.shape
@@ -69,36 +81,43 @@ def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = Fa
     labels = np.empty((rows, seq_len), np.int64)
     labels[...] = batch.tokens[:, 1:]
     lengths = batch.length
-    flat_start = batch.row.astype(np.int64) * seq_len + batch.start
-    local = _arange(len(lengths)) - np.searchsorted(batch.row, batch.row, side="left")
-    total = int(lengths.sum())
-    piece_begin = np.repeat(flat_start, lengths)
+    starts = batch.start
+    ends = starts + lengths
+    # the first piece touching each row: doc ids count pieces from it
+    first_piece = np.searchsorted(ends, _arange(rows) * seq_len, side="right")
+    piece_ids = np.repeat(_arange(len(lengths)), lengths)
+    total = len(piece_ids)
     if total == size:  # no padding: every position belongs to a piece, in order
-        positions = _arange(size) - piece_begin
-        doc_ids = np.repeat(local.astype(np.int32), lengths)
+        index = None
+        row_begin = _row_begin(size, seq_len)
+        begin = np.maximum(np.repeat(starts, lengths), row_begin)
+        positions = _arange(size) - begin
+        doc_ids = (piece_ids - np.repeat(first_piece, seq_len)).astype(np.int32)
         source_ids = np.repeat(batch.stream, lengths)
         padding = None
     else:
-        index = np.repeat(flat_start - (np.cumsum(lengths) - lengths), lengths) + _arange(total)
+        index = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + _arange(total)
+        row_of = index // seq_len
+        begin = np.maximum(np.repeat(starts, lengths), row_of * seq_len)
         positions = np.zeros(size, np.int64)
-        positions[index] = index - piece_begin
+        positions[index] = index - begin
         doc_ids = np.full(size, -1, np.int32)
-        doc_ids[index] = np.repeat(local.astype(np.int32), lengths)
+        doc_ids[index] = piece_ids - first_piece[row_of]
         source_ids = np.full(size, -1, np.int16)
         source_ids[index] = np.repeat(batch.stream, lengths)
         padding = doc_ids < 0
-    last = flat_start + lengths - 1
+    last = ends - 1
     flat_labels = labels.reshape(-1)
-    ends = ~batch.continues
+    done = ~batch.continues
     if boundary == "document":
-        flat_labels[last[ends]] = IGNORE_INDEX
+        flat_labels[last[done]] = IGNORE_INDEX
     else:
         # Labels run across documents, except into padding or past an unknown lookahead.
-        at_row_end = batch.start.astype(np.int64) + lengths == seq_len
-        nxt = np.minimum(last + 1, size - 1)
+        at_row_end = ends % seq_len == 0
+        nxt = np.minimum(ends, size - 1)
         into_padding = ~at_row_end & (padding[nxt] if padding is not None else False)
-        no_lookahead = at_row_end & ~batch.lookahead[batch.row]
-        flat_labels[last[ends & (into_padding | no_lookahead)]] = IGNORE_INDEX
+        no_lookahead = at_row_end & ~batch.lookahead[last // seq_len]
+        flat_labels[last[done & (into_padding | no_lookahead)]] = IGNORE_INDEX
     if padding is not None:
         flat_labels[padding] = IGNORE_INDEX
     out = {
@@ -109,19 +128,49 @@ def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = Fa
         "source_ids": torch.from_numpy(source_ids.reshape(rows, seq_len)),
     }
     if provenance:
-        out["segments"] = torch.from_numpy(segments(batch, local))
+        out["segments"] = torch.from_numpy(segments(batch))
     return out
 
 
-def segments(batch: RowBatch, local: np.ndarray | None = None) -> np.ndarray:
+def split_at_rows(batch: RowBatch) -> dict[str, np.ndarray]:
+    """The batch's pieces cut at every row boundary: one entry per (document, row) piece."""
+    seq_len = batch.seq_len
+    starts, lengths = batch.start, batch.length
+    ends = starts + lengths
+    if len(starts) == 0:
+        z = np.zeros(0, np.int64)
+        return {"row": z, "col": z, "length": z, "stream": z, "shard": z, "record": z,
+                "token_start": z, "continues": np.zeros(0, bool)}
+    cuts = np.arange(seq_len, int(ends[-1]), seq_len)
+    holder = np.searchsorted(ends, cuts, side="right")
+    inner = holder < len(starts)
+    cuts, holder = cuts[inner], holder[inner]
+    inner = starts[holder] < cuts
+    cuts = cuts[inner]
+    seg_start = np.sort(np.concatenate([starts, cuts]))
+    piece = np.searchsorted(ends, seg_start, side="right")
+    seg_end = np.minimum(ends[piece], (seg_start // seq_len + 1) * seq_len)
+    last_seg = seg_end == ends[piece]
+    return {
+        "row": seg_start // seq_len,
+        "col": seg_start % seq_len,
+        "length": seg_end - seg_start,
+        "stream": batch.stream[piece],
+        "shard": batch.shard[piece],
+        "record": batch.record[piece],
+        "token_start": batch.token_start[piece] + (seg_start - starts[piece]),
+        "continues": np.where(last_seg, batch.continues[piece], True),
+    }
+
+
+def segments(batch: RowBatch) -> np.ndarray:
     """[R, S, 5] int64: (stream, shard, record, token_start, length) per piece, -1 padded."""
-    rows = batch.num_rows
-    if local is None:
-        first_of_row = np.searchsorted(batch.row, batch.row, side="left")
-        local = np.arange(len(batch.row)) - first_of_row
+    pieces = split_at_rows(batch)
+    row = pieces["row"]
+    local = np.arange(len(row)) - np.searchsorted(row, row, side="left")
     width = int(local.max()) + 1 if len(local) else 1
-    out = np.full((rows, width, 5), -1, np.int64)
-    out[batch.row, local] = np.stack(
-        [batch.stream, batch.shard, batch.record, batch.token_start, batch.length], axis=1
+    out = np.full((batch.num_rows, width, 5), -1, np.int64)
+    out[row, local] = np.stack(
+        [pieces["stream"], pieces["shard"], pieces["record"], pieces["token_start"], pieces["length"]], axis=1
     )
     return out

@@ -50,61 +50,40 @@ class _Rows:
             name: np.fromiter(values, dtype, len(values))
             for (name, dtype), values in zip(_PIECE_FIELDS.items(), columns)
         }
+        row = arrays.pop("row")
+        arrays["start"] = row * (self.tokens.shape[1] - 1) + arrays["start"]
         return RowBatch(tokens=self.tokens[:n], lookahead=self.lookahead[:n], **arrays)
 
 
 _PIECE_FIELDS = {
-    "row": np.int32, "start": np.int32, "length": np.int32, "stream": np.int16,
+    "row": np.int64, "start": np.int64, "length": np.int64, "stream": np.int16,
     "shard": np.int32, "record": np.int64, "token_start": np.int64, "continues": bool,
 }
 
 
-def _split_runs(runs, seq_len: int) -> dict[str, np.ndarray]:
-    """Piece arrays for runs laid end to end from position 0, cut at every row boundary."""
+def _join_runs(runs) -> dict[str, np.ndarray]:
+    """Piece arrays of runs laid end to end from position 0 of the flattened batch."""
     if len(runs) == 1:
         at, stream_idx, run = runs[0]
         length = run.length
-        shard, record, token_start = run.shard, run.record, run.token_start
-        stream = np.full(len(length), stream_idx, np.int16)
         continues = np.zeros(len(length), bool)
         continues[-1] = not run.done
-    else:
-        length = np.concatenate([r.length for _, _, r in runs])
-        shard = np.concatenate([r.shard for _, _, r in runs])
-        record = np.concatenate([r.record for _, _, r in runs])
-        token_start = np.concatenate([r.token_start for _, _, r in runs])
-        counts = [len(r.length) for _, _, r in runs]
-        stream = np.repeat(np.array([s for _, s, _ in runs], np.int16), counts)
-        continues = np.zeros(len(length), bool)
-        continues[np.cumsum(counts) - 1] = [not r.done for _, _, r in runs]
-    ends = np.cumsum(length)
-    starts = ends - length
-    # row boundaries strictly inside a piece cut it in two
-    cuts = np.arange(seq_len, int(ends[-1]), seq_len)
-    if len(cuts):
-        inside = np.searchsorted(ends, cuts, side="right")  # piece holding each cut
-        inner = starts[inside] < cuts
-        cuts, inside = cuts[inner], inside[inner]
-    if len(cuts):
-        seg_start = np.sort(np.concatenate([starts, cuts]))
-        piece = np.searchsorted(ends, seg_start, side="right")
-        seg_end = np.concatenate([seg_start[1:], ends[-1:]])
-        seg_len = seg_end - seg_start
-        token_offset = token_start[piece] + (seg_start - starts[piece])
-        cont = np.ones(len(seg_start), bool)
-        last_seg = np.concatenate([piece[1:] != piece[:-1], [True]])
-        cont[last_seg] = continues[piece[last_seg]]
-        row = seg_start // seq_len
         return {
-            "row": row.astype(np.int32), "start": (seg_start - row * seq_len).astype(np.int32),
-            "length": seg_len.astype(np.int32), "stream": stream[piece], "shard": shard[piece].astype(np.int32),
-            "record": record[piece], "token_start": token_offset, "continues": cont,
+            "start": np.cumsum(length) - length, "length": length,
+            "stream": np.full(len(length), stream_idx, np.int16), "shard": run.shard.astype(np.int32),
+            "record": run.record, "token_start": run.token_start, "continues": continues,
         }
-    row = starts // seq_len
+    length = np.concatenate([r.length for _, _, r in runs])
+    counts = [len(r.length) for _, _, r in runs]
+    continues = np.zeros(len(length), bool)
+    continues[np.cumsum(counts) - 1] = [not r.done for _, _, r in runs]
     return {
-        "row": row.astype(np.int32), "start": (starts - row * seq_len).astype(np.int32),
-        "length": length.astype(np.int32), "stream": stream, "shard": shard.astype(np.int32),
-        "record": record, "token_start": token_start, "continues": continues,
+        "start": np.cumsum(length) - length, "length": length,
+        "stream": np.repeat(np.array([s for _, s, _ in runs], np.int16), counts),
+        "shard": np.concatenate([r.shard for _, _, r in runs]).astype(np.int32),
+        "record": np.concatenate([r.record for _, _, r in runs]),
+        "token_start": np.concatenate([r.token_start for _, _, r in runs]),
+        "continues": continues,
     }
 
 
@@ -187,7 +166,7 @@ class Packer:
             if peek is not None:
                 tokens[rows - 1, T] = peek
                 lookahead[rows - 1] = True
-        return RowBatch(tokens=tokens, lookahead=lookahead, **_split_runs(runs, T))
+        return RowBatch(tokens=tokens, lookahead=lookahead, **_join_runs(runs))
 
     # -- pad -------------------------------------------------------------------------------
     def _take_doc(self):
