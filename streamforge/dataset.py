@@ -128,13 +128,13 @@ class PackedTokenDataset(IterableDataset):
         bestfit_window: int = 512,
         storage: StorageConfig | None = None,
         manifests: Sequence[Manifest] | None = None,
+        share_manifests: bool = True,
     ) -> None:
         self.streams = _normalize_streams(streams)
-        self.manifests = list(manifests) if manifests is not None else [
-            Manifest.load(s.url, s.storage_options, retry=(storage or StorageConfig()).retry)
-            for s in self.streams
-        ]
         self.storage = storage or StorageConfig()
+        self.manifests = (
+            list(manifests) if manifests is not None else self._load_manifests(share_manifests)
+        )
         eos = self._resolve_eos(eos_id)
         self.config = PipelineConfig(
             seq_len=int(seq_len), seed=int(seed), shuffle_buffer=int(shuffle_buffer),
@@ -144,6 +144,28 @@ class PackedTokenDataset(IterableDataset):
         self.rank, self.world_size = resolve_topology(rank, world_size)
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
+
+    def _load_manifests(self, share: bool) -> list[Manifest]:
+        """Each stream's manifest, read once per job: with torch.distributed initialized (and
+        ``share``), rank 0 reads them and broadcasts them, so every rank must build the
+        dataset; an error on rank 0 is raised on every rank."""
+
+        def load() -> list[Manifest]:
+            return [Manifest.load(s.url, s.storage_options, retry=self.storage.retry) for s in self.streams]
+
+        dist = torch.distributed
+        if not share or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return load()
+        box: list[Any] = [None]
+        if dist.get_rank() == 0:
+            try:
+                box[0] = load()
+            except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+                box[0] = exc
+        dist.broadcast_object_list(box, src=0)
+        if isinstance(box[0], Exception):
+            raise box[0]
+        return box[0]
 
     def _resolve_eos(self, eos_id: int | None) -> int | None:
         """The EOS id appended to documents that lack one (None: nothing to append)."""

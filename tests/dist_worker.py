@@ -19,6 +19,13 @@ def build(urls):
 def main(out: Path, urls: list[str]) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if rank != 0:  # only rank 0 reads manifests; the others get them broadcast
+        import streamforge.format.manifest as manifest_module
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a rank other than 0 read a manifest")
+
+        manifest_module.Manifest.load = refuse
     batches = [b for b in build(urls)]
     segs = torch.cat([b["segments"].reshape(-1, 5) for b in batches])
     segs = segs[(segs[:, 0] >= 0) & (segs[:, 3] == 0)]
