@@ -26,7 +26,7 @@ $(PY):
 # torch goes in first, on its own and pinned, so the resolver never picks an unpinned one.
 $(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 	$(PIP) install $(PIP_FLAGS) -c constraints.txt torch
-	$(PIP) install $(PIP_FLAGS) -c constraints.txt -e .
+	$(PIP) install $(PIP_FLAGS) -c constraints.txt -e '.[plot]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -148,6 +148,7 @@ class RunResult:
     tokens: int
     seconds: float
     source_tokens: np.ndarray  # tokens per stream (padding excluded)
+    share_history: np.ndarray  # [batches, streams] cumulative tokens per stream
     state: dict[str, Any] | None  # loader state after ``resume_at`` batches
     after_state: list[dict[str, Any]]  # the batches that followed it
 
@@ -162,12 +163,14 @@ def stream_batches(
     loader = make_loader()
     counts = np.zeros(len(STREAMS), np.int64)
     state, after, tokens, batches = None, [], 0, 0
+    history = []
     bar = tqdm(total=max_batches, unit="batch", disable=progress_disabled(), dynamic_ncols=True)
     start = time.perf_counter()
     for batch in loader:
         batches += 1
         ids = batch["source_ids"].numpy().ravel()
         counts += np.bincount(ids[ids >= 0], minlength=len(STREAMS))[: len(STREAMS)]
+        history.append(counts.copy())
         tokens += batch["input_ids"].numel()
         if batches == resume_at:
             state = json.loads(json.dumps(loader.state_dict()))  # proves it is plain JSON
@@ -181,7 +184,35 @@ def stream_batches(
             break
     seconds = time.perf_counter() - start
     bar.close()
-    return RunResult(batches, tokens, seconds, counts, state, after)
+    history_array = np.asarray(history) if history else np.zeros((0, len(STREAMS)), np.int64)
+    return RunResult(batches, tokens, seconds, counts, history_array, state, after)
+
+
+def plot_mixture(history: np.ndarray, path: Path) -> Path | None:
+    """Cumulative token share of each stream over the run, against its weight (PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    if len(history) == 0:
+        return None
+    totals = history.sum(axis=1)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, spec in enumerate(STREAMS):
+        line = ax.plot(totals / 1e6, history[:, i] / np.maximum(totals, 1), label=f"{spec.name} (weight {spec.weight:.0%})")
+        ax.axhline(spec.weight, color=line[0].get_color(), linestyle="--", linewidth=0.8)
+    ax.set_xlabel("tokens streamed (millions)")
+    ax.set_ylabel("share of tokens so far")
+    ax.set_ylim(0, 1)
+    ax.set_title("realized mixture vs weights (dashed)")
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def check_resume(
@@ -270,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     print("mixture (share of tokens, target in brackets): " + "  ".join(
         f"{s.name} {share:.1%} ({s.weight:.0%})" for s, share in zip(STREAMS, shares)
     ))
+    plot = plot_mixture(run.share_history, out_dir / "mixture.png")
+    if plot is not None:
+        print(f"mixture plot: {plot}")
     if args.no_resume_check:
         return 0
     if run.state is None or not run.after_state:
