@@ -138,21 +138,7 @@ def encode_shard(
         frames[f] = (comp_offset, len(comp), len(blob), lo)
         parts.append(comp)
         comp_offset += len(comp)
-    index = encode_index(frames, table, num_tokens)
-    parts.append(index)
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part)
-    row = {
-        "bytes": comp_offset + len(index),
-        "sha256": digest.hexdigest(),
-        "num_records": len(records),
-        "num_tokens": num_tokens,
-        "num_frames": len(frames),
-        "index_offset": comp_offset,
-        "index_bytes": len(index),
-    }
-    return EncodedShard(parts=parts, row=row)
+    return _finish_shard(parts, frames, table, num_tokens)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -226,7 +212,13 @@ def encode_shard_flat(
         parts.append(comp)
         comp_offset += len(comp)
     num_tokens = int(lengths.sum())
+    return _finish_shard(parts, frames, table, num_tokens)
+
+
+def _finish_shard(parts: list[bytes], frames: np.ndarray, table: np.ndarray, num_tokens: int) -> EncodedShard:
+    """Append the index frame to the compressed frames, hash the file, make its manifest row."""
     index = encode_index(frames, table, num_tokens)
+    comp_offset = sum(len(p) for p in parts)
     parts.append(index)
     digest = hashlib.sha256()
     for part in parts:
@@ -234,7 +226,7 @@ def encode_shard_flat(
     row = {
         "bytes": comp_offset + len(index),
         "sha256": digest.hexdigest(),
-        "num_records": n,
+        "num_records": len(table),
         "num_tokens": num_tokens,
         "num_frames": len(frames),
         "index_offset": comp_offset,
