@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--shard-size", default="64MiB")
     conv.add_argument("--frame-size", default="256KiB")
     conv.add_argument("--compression-level", type=int, default=3)
+    conv.add_argument("--compression", choices=("zstd", "none"), default="zstd",
+                      help="frame codec: zstd (.tar.zst shards) or none (plain .tar shards)")
     conv.add_argument("--workers", type=int, default=1)
     conv.add_argument("--eos-id", type=int)
     conv.add_argument("--dtype", help="source dtype of raw token files (flat default uint16)")
@@ -108,6 +110,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         frame_size=args.frame_size,
         compression_level=args.compression_level,
+        compression=args.compression,
     )
     print(
         f"{args.output}: {manifest.num_shards} shards, {manifest.num_records:,} records, "

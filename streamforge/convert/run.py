@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ConfigError, SourceError
+from ..format.frames import CODECS
 from ..format.manifest import TOKEN_DTYPES, Manifest
 from ..format.tar import records_nbytes
 from ..format.writer import (
@@ -89,6 +90,7 @@ class ShardJob:
     token_dtype: str
     frame_size: int
     compression_level: int
+    compression: str = "zstd"
 
 
 def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
@@ -104,9 +106,10 @@ def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
             lo,
             frame_size=job.frame_size,
             compression_level=job.compression_level,
+            compression=job.compression,
         )
         try:
-            row = write_shard(fs, path, shard, encoded)
+            row = write_shard(fs, path, shard, encoded, job.compression)
         except OSError as exc:
             exc.add_note(f"while writing shard {shard} of {job.url}")
             raise
@@ -162,6 +165,7 @@ def convert(
     overwrite: bool = False,
     frame_size: int | str = DEFAULT_FRAME_SIZE,
     compression_level: int = 3,
+    compression: str = "zstd",
     progress: bool | None = None,
 ) -> Manifest:
     """Convert the ``fmt`` corpus at ``input`` into a stream at ``output``; returns its manifest.
@@ -170,6 +174,8 @@ def convert(
     """
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
+    if compression not in CODECS:
+        raise ConfigError(f"compression must be one of {CODECS}, got {compression!r}")
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be a positive number of documents, got {limit}")
     if vocab_size is not None and vocab_size < 1:
@@ -202,6 +208,7 @@ def convert(
             token_dtype=chosen,
             frame_size=frame_bytes,
             compression_level=compression_level,
+            compression=compression,
         )
         for run in plan_jobs(doc_starts, num_docs, workers)
     ]
@@ -220,6 +227,7 @@ def convert(
         "shard_size": shard_bytes,
         "frame_size": frame_bytes,
         "compression_level": compression_level,
+        "compression": compression,
         "limit": limit,
         **source.params,
     }
@@ -231,6 +239,7 @@ def convert(
         docs_end_with_eos=source.docs_end_with_eos,
         conversion=conversion,
         source_fingerprint=fingerprint,
+        compression=compression,
     )
     write_manifest(fs, path, manifest)
     return manifest

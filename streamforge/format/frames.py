@@ -42,6 +42,29 @@ RECORD_DTYPE = np.dtype(
 )
 
 
+CODECS = ("zstd", "none")
+
+
+def frame_encoder(codec: str, level: int = 3):
+    """``bytes -> bytes`` for one frame: a zstd frame with content checksum and size, or the
+    raw bytes themselves (``none``: a plain ``.tar`` shard, checked by size and sha256 only)."""
+    if codec == "none":
+        return bytes
+    if codec != "zstd":
+        raise ValueError(f"compression must be one of {CODECS}, got {codec!r}")
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress
+
+
+def decode_frame(codec: str, buf, raw_size: int, decompressor) -> bytes:
+    """One frame's raw bytes; raises ``zstandard.ZstdError`` or ``ValueError`` when damaged."""
+    raw = bytes(buf) if codec == "none" else decompressor.decompress(buf, max_output_size=raw_size)
+    if len(raw) != raw_size:
+        raise ValueError(f"decodes to {len(raw)} bytes, index says {raw_size}")
+    return raw
+
+
 @dataclass(frozen=True)
 class ShardIndex:
     """The decoded seek index of one shard."""

@@ -60,6 +60,7 @@ class Manifest:
     docs_end_with_eos: bool = False
     conversion: dict[str, Any] = field(default_factory=dict)
     source_fingerprint: str | None = None
+    compression: str = "zstd"  # frame codec of every shard: "zstd" or "none" (plain .tar)
     url: str | None = None  # where it was loaded from; never part of the fingerprint
 
     # -- totals ---------------------------------------------------------------------------
@@ -121,6 +122,7 @@ class Manifest:
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "token_dtype": self.token_dtype,
+            "compression": self.compression,
             "vocab_size": self.vocab_size,
             "eos_id": self.eos_id,
             "docs_end_with_eos": self.docs_end_with_eos,
@@ -153,6 +155,8 @@ class Manifest:
             token_dtype = data["token_dtype"]
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{where}: malformed shard table ({exc!r})") from exc
+        if data.get("compression", "zstd") not in ("zstd", "none"):
+            raise ManifestError(f"{where}: unknown compression {data.get('compression')!r}")
         if token_dtype not in TOKEN_DTYPES:
             raise ManifestError(f"{where}: token_dtype {token_dtype!r} not in {TOKEN_DTYPES}")
         lengths = {len(names), len(digests), *(len(v) for v in columns.values())}
@@ -168,6 +172,7 @@ class Manifest:
             docs_end_with_eos=bool(data.get("docs_end_with_eos", False)),
             conversion=data.get("conversion") or {},
             source_fingerprint=data.get("source_fingerprint"),
+            compression=data.get("compression", "zstd"),
             url=url,
         )
         for key in ("num_shards", "num_records", "num_tokens"):

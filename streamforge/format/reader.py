@@ -22,7 +22,7 @@ from ..storage.cache import FrameCache
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher
 from ..storage.prefetch import FetchUnit, Prefetcher
-from .frames import ShardIndex, decode_index
+from .frames import ShardIndex, decode_frame, decode_index
 from .manifest import Manifest
 
 log = logging.getLogger("streamforge.storage")
@@ -270,13 +270,13 @@ class ShardSource:
         if decompressor is None:
             decompressor = local.decompressor = zstandard.ZstdDecompressor()
         out = []
+        codec = self.manifest.compression
         for f, (buf, from_cache) in zip(range(unit.first, unit.stop), got):
-            raw_size = int(index.frames["raw_size"][f])
             try:
-                raw = decompressor.decompress(buf, max_output_size=raw_size)
-            except zstandard.ZstdError:
+                raw = decode_frame(codec, buf, int(index.frames["raw_size"][f]), decompressor)
+            except (zstandard.ZstdError, ValueError):
                 raw = None
-            out.append((buf, from_cache, raw if raw is not None and len(raw) == raw_size else None))
+            out.append((buf, from_cache, raw))
         return out
 
     def _plan_pos(self, shard: int, start: int) -> int | None:
@@ -361,10 +361,8 @@ class ShardSource:
         try:
             raw = got[2] if len(got) > 2 and got[2] is not None else None
             if raw is None:
-                raw = self._decompressor.decompress(buf, max_output_size=raw_size)
-            if len(raw) != raw_size:
-                raise ShardCorruptError(f"decodes to {len(raw)} bytes, index says {raw_size}")
-        except (zstandard.ZstdError, ShardCorruptError) as exc:
+                raw = decode_frame(self.manifest.compression, buf, raw_size, self._decompressor)
+        except (zstandard.ZstdError, ValueError) as exc:
             if from_cache:  # a damaged cache entry: drop it and read the frame from the stream
                 self.cache.drop(self.manifest.shard_names[shard], f)
                 fresh = self._fetch_frames(shard, f, f + 1, index, use_cache=False)[0]

@@ -17,7 +17,7 @@ import zstandard
 
 from ..errors import StreamforgeError
 from ..storage.open import join, open_url
-from .frames import ShardIndex, decode_index
+from .frames import ShardIndex, decode_frame, decode_index
 from .manifest import Manifest
 
 
@@ -62,10 +62,14 @@ def verify_shard(manifest: Manifest, shard: int, blob: bytes) -> list[str]:
         )
     if index.num_frames != info.num_frames:
         problems.append(f"index lists {index.num_frames} frames, manifest {info.num_frames}")
-    return problems + verify_frames(index, blob, info.index_offset, manifest.token_np_dtype().itemsize)
+    return problems + verify_frames(
+        index, blob, info.index_offset, manifest.token_np_dtype().itemsize, manifest.compression
+    )
 
 
-def verify_frames(index: ShardIndex, blob: bytes, index_offset: int, itemsize: int) -> list[str]:
+def verify_frames(
+    index: ShardIndex, blob: bytes, index_offset: int, itemsize: int, codec: str = "zstd"
+) -> list[str]:
     """Frames tile ``blob[:index_offset]``, decode to their raw size, and hold their records."""
     problems = []
     frames = index.frames
@@ -82,12 +86,10 @@ def verify_frames(index: ShardIndex, blob: bytes, index_offset: int, itemsize: i
             problems.append(f"frame {f} starts at byte {start}, expected {expected_offset}")
         expected_offset = start + size
         try:
-            raw = decompressor.decompress(blob[start : start + size], max_output_size=raw_size)
-        except zstandard.ZstdError as exc:
+            decode_frame(codec, blob[start : start + size], raw_size, decompressor)
+        except (zstandard.ZstdError, ValueError) as exc:
             problems.append(f"frame {f} (bytes {start}..{start + size}) does not decode: {exc}")
             continue
-        if len(raw) != raw_size:
-            problems.append(f"frame {f} decodes to {len(raw)} bytes, index says {raw_size}")
         records = index.records[first_records[f] : first_records[f + 1]]
         ends = records["token_offset"].astype(np.int64) + records["num_tokens"].astype(np.int64) * itemsize
         outside = np.flatnonzero(ends > raw_size)

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-import zstandard
 
 from ..errors import ConfigError
 from ..storage.open import join, open_url
-from .frames import FRAME_DTYPE, RECORD_DTYPE, encode_index
+from .frames import CODECS, FRAME_DTYPE, RECORD_DTYPE, encode_index, frame_encoder
 from .manifest import MANIFEST_NAME, TOKEN_DTYPES, Manifest, shard_name
 from .tar import (
     BLOCK,
@@ -101,6 +100,7 @@ def encode_shard(
     *,
     frame_size: int = DEFAULT_FRAME_SIZE,
     compression_level: int = 3,
+    compression: str = "zstd",
 ) -> EncodedShard:
     """Encode ``(record_idx, tokens, meta_json)`` triples into one shard.
 
@@ -109,9 +109,7 @@ def encode_shard(
     records = list(records)
     nbytes = [record_nbytes(t.size, t.dtype.itemsize, None if m is None else len(m)) for _, t, m in records]
     frame_starts = cut_points(nbytes, frame_size) if records else [0]
-    compressor = zstandard.ZstdCompressor(
-        level=compression_level, write_checksum=True, write_content_size=True
-    )
+    compress = frame_encoder(compression, compression_level)
     frames = np.zeros(len(frame_starts), FRAME_DTYPE)
     table = np.zeros(len(records), RECORD_DTYPE)
     parts: list[bytes] = []
@@ -134,7 +132,7 @@ def encode_shard(
         if f == len(frame_starts) - 1:
             raw.append(END_OF_ARCHIVE)
         blob = b"".join(raw)
-        comp = compressor.compress(blob)
+        comp = compress(blob)
         frames[f] = (comp_offset, len(comp), len(blob), lo)
         parts.append(comp)
         comp_offset += len(comp)
@@ -153,6 +151,7 @@ def encode_shard_flat(
     *,
     frame_size: int = DEFAULT_FRAME_SIZE,
     compression_level: int = 3,
+    compression: str = "zstd",
 ) -> EncodedShard:
     """``encode_shard`` for records without metadata, given column-wise; the same bytes.
 
@@ -195,9 +194,7 @@ def encode_shard_flat(
 
     frame_starts = cut_points(nbytes, frame_size) if n else [0]
     bounds = frame_starts[1:] + [n]
-    compressor = zstandard.ZstdCompressor(
-        level=compression_level, write_checksum=True, write_content_size=True
-    )
+    compress = frame_encoder(compression, compression_level)
     table = np.zeros(n, RECORD_DTYPE)
     table["num_tokens"] = lengths
     frames = np.zeros(len(frame_starts), FRAME_DTYPE)
@@ -207,7 +204,7 @@ def encode_shard_flat(
         base = int(record_start[lo])
         stop = int(record_start[hi]) if f + 1 < len(frame_starts) else len(raw)
         table["token_offset"][lo:hi] = data_start[lo:hi] - base
-        comp = compressor.compress(out[base:stop])
+        comp = compress(out[base:stop])
         frames[f] = (comp_offset, len(comp), stop - base, lo)
         parts.append(comp)
         comp_offset += len(comp)
@@ -235,9 +232,10 @@ def _finish_shard(parts: list[bytes], frames: np.ndarray, table: np.ndarray, num
     return EncodedShard(parts=parts, row=row)
 
 
-def write_shard(fs, path: str, shard: int, encoded: EncodedShard) -> dict[str, Any]:
-    """Write one encoded shard as ``<path>/shard-NNNNNN.tar.zst``; returns its manifest row."""
-    name = shard_name(shard)
+def write_shard(fs, path: str, shard: int, encoded: EncodedShard, compression: str = "zstd") -> dict[str, Any]:
+    """Write one encoded shard as ``<path>/shard-NNNNNN.tar.zst`` (``.tar`` uncompressed);
+    returns its manifest row."""
+    name = shard_name(shard, compressed=compression != "none")
     with fs.open(join(path, name), "wb") as out:
         for part in encoded.parts:
             out.write(part)
@@ -253,6 +251,7 @@ def build_manifest(
     docs_end_with_eos: bool,
     conversion: dict[str, Any] | None = None,
     source_fingerprint: str | None = None,
+    compression: str = "zstd",
 ) -> Manifest:
     columns = {
         k: np.asarray([r[k] for r in rows], dtype=np.int64)
@@ -268,6 +267,7 @@ def build_manifest(
         docs_end_with_eos=docs_end_with_eos,
         conversion=conversion or {},
         source_fingerprint=source_fingerprint,
+        compression=compression,
     )
 
 
@@ -329,6 +329,7 @@ class ShardWriter:
         shard_size: int | str = "64MiB",
         frame_size: int | str = DEFAULT_FRAME_SIZE,
         compression_level: int = 3,
+        compression: str = "zstd",
         eos_id: int | None = None,
         vocab_size: int | None = None,
         docs_end_with_eos: bool = False,
@@ -347,6 +348,9 @@ class ShardWriter:
         self.shard_size = parse_size(shard_size)
         self.frame_size = parse_size(frame_size)
         self.compression_level = int(compression_level)
+        if compression not in CODECS:
+            raise ConfigError(f"compression must be one of {CODECS}, got {compression!r}")
+        self.compression = compression
         self.eos_id = eos_id
         self.vocab_size = vocab_size
         self.docs_end_with_eos = docs_end_with_eos
@@ -392,9 +396,10 @@ class ShardWriter:
 
     def _flush(self) -> None:
         encoded = encode_shard(
-            self._pending, frame_size=self.frame_size, compression_level=self.compression_level
+            self._pending, frame_size=self.frame_size, compression_level=self.compression_level,
+            compression=self.compression,
         )
-        self._rows.append(write_shard(self._fs, self._path, len(self._rows), encoded))
+        self._rows.append(write_shard(self._fs, self._path, len(self._rows), encoded, self.compression))
         self._pending, self._pending_bytes = [], 0
 
     def close(self) -> Manifest:
@@ -419,6 +424,7 @@ class ShardWriter:
             docs_end_with_eos=self.docs_end_with_eos,
             conversion=conversion,
             source_fingerprint=self.source_fingerprint,
+            compression=self.compression,
         )
         write_manifest(self._fs, self._path, manifest)
         self._manifest = manifest
