@@ -29,9 +29,6 @@ from .state import STATE_VERSION, ResumeReport, config_differences, fingerprint
 _STATE_KEYS = ("version", "fingerprint", "config", "epoch", "batches", "next_worker", "workers", "exhausted")
 
 
-_LIVE = "live"  # placeholder: read the state from the suspended in-process pipeline
-
-
 def _identity(item):
     return item
 
@@ -98,6 +95,7 @@ class StreamingLoader:
         self.resume_report: ResumeReport | None = None
         self._config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
         self._fingerprint = fingerprint(self._config)
+        self._live = None  # the in-process pipeline while one is iterating
         self._stats: dict[int, dict] = {}
         self._skipped: dict[int, list] = {}
         self._start_epoch(0)
@@ -112,7 +110,6 @@ class StreamingLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out (JSON-serializable)."""
-        self._sync_in_process()
         return copy.deepcopy({
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
@@ -167,14 +164,14 @@ class StreamingLoader:
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Counters summed over this rank's workers (as of the last batch handed out)."""
-        self._sync_in_process()
+        self._collect_live_stats()
         total: dict[str, Any] = {"batches": self._batches, "epoch": self._epoch}
         for worker_stats in self._stats.values():
             _accumulate(total, worker_stats)
         return total
 
     def skipped(self) -> list[dict[str, Any]]:
-        self._sync_in_process()
+        self._collect_live_stats()
         return [item for items in self._skipped.values() for item in items]
 
     # -- iteration -------------------------------------------------------------------------
@@ -185,16 +182,18 @@ class StreamingLoader:
         for logical, rows, state, stats, skipped in items:
             batch = self._finish(rows)
             self._worker_states[logical] = state
-            self._stats[logical] = stats
-            self._skipped[logical] = skipped
+            if stats is not None:  # workers send their counters with every batch
+                self._stats[logical] = stats
+                self._skipped[logical] = skipped
             self._next_worker = (logical + 1) % self.num_logical
             self._batches += 1
             yield batch
         self._start_epoch(self._epoch + 1)
 
     def _in_process(self):
-        """Batches built in this process. The pipeline is suspended right after the batch it
-        handed out, so its state is read only when asked for (``_sync_in_process``)."""
+        """Batches built in this process. Counters are read from the live pipeline when asked
+        for (``_collect_live_stats``); the state is taken after every batch (under a
+        microsecond), so a failure inside a batch never leaks into it."""
         if self._exhausted[0]:
             return
         pipeline = self.dataset.make_pipeline(0, 1, first_pass=self._epoch)
@@ -207,18 +206,15 @@ class StreamingLoader:
                 if rows is None:
                     self._exhausted[0] = True
                     return
-                yield 0, rows, _LIVE, _LIVE, _LIVE
+                yield 0, rows, pipeline.state_dict(), None, None
         finally:
-            self._sync_in_process()
+            self._collect_live_stats()
             self._live = None
             pipeline.close()
 
-    def _sync_in_process(self) -> None:
-        pipeline = getattr(self, "_live", None)
-        if pipeline is None or self._batches == 0 and self._worker_states[0] is None:
-            return
-        if self._worker_states[0] is _LIVE or self._stats.get(0) is _LIVE:
-            self._worker_states[0] = pipeline.state_dict()
+    def _collect_live_stats(self) -> None:
+        pipeline = self._live
+        if pipeline is not None:
             self._stats[0] = pipeline.stats()
             self._skipped[0] = pipeline.skipped()
 

@@ -142,9 +142,10 @@ class ShuffleBuffer:
         """Concatenate the documents in emission order, EOS after each (one copy)."""
         out_lens = lens.copy()
         if self.eos_id is not None:
+            # an empty piece is a record the source skipped as damaged: it gets no EOS either
             eos = np.array([self.eos_id], dtype).view(np.uint8)
-            pieces = [p for piece in pieces for p in (piece, eos)]
-            out_lens[skip:] += 1
+            pieces = [p for piece in pieces for p in ((piece, eos) if len(piece) else ())]
+            out_lens[skip:] += lens[skip:] > 0
         self.tokens = np.concatenate(pieces).view(dtype) if pieces else np.zeros(0, dtype)
         self.offsets = np.zeros(len(order) + 1, np.int64)
         np.cumsum(out_lens, out=self.offsets[1:])
@@ -156,7 +157,14 @@ class ShuffleBuffer:
         self._offsets_list = self.offsets.tolist()
         self._shard_list = self.shard.tolist()
         self._record_list = self.record.tolist()
-        if skip == len(order):
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        """Step over documents laid out empty (damaged records skipped by the source)."""
+        offsets, n = self._offsets_list, len(self._record_list)
+        while self.pos < n and offsets[self.pos + 1] == offsets[self.pos]:
+            self.pos += 1
+        if self.pos == n:
             self._finish_window()
 
     def _finish_window(self) -> None:
@@ -220,12 +228,14 @@ class ShuffleBuffer:
         starts[0] = first
         ends = starts[1:].copy()
         ends[-1] = stop
+        length = ends - starts[:-1]
+        keep = slice(None) if length.all() else length > 0  # drop damaged (empty) documents
         run = DocRun(
             tokens=self.tokens[first:stop],
-            shard=self.shard[pos : pos + docs],
-            record=self.record[pos : pos + docs],
-            token_start=starts[:-1] - self.offsets[pos : pos + docs],
-            length=ends - starts[:-1],
+            shard=self.shard[pos : pos + docs][keep],
+            record=self.record[pos : pos + docs][keep],
+            token_start=(starts[:-1] - self.offsets[pos : pos + docs])[keep],
+            length=length[keep],
             done=done,
         )
         if done:
@@ -240,8 +250,7 @@ class ShuffleBuffer:
             return
         self.pos += docs
         self.token_offset = 0
-        if self.pos == len(self._record_list):
-            self._finish_window()
+        self._skip_empty()
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
