@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
 from streamforge.convert import convert  # noqa: E402
-from streamforge.format.reader import ShardSource  # noqa: E402
+from streamforge.format.reader import ShardSource, _read_few  # noqa: E402
 from streamforge.format.writer import DEFAULT_FRAME_SIZE  # noqa: E402
 
 VOCAB = 50257
@@ -100,23 +100,30 @@ def time_zstd(frames: list[bytes], repeats: int) -> list[float]:
 
 
 def random_access(url: str) -> dict[str, int]:
-    source = ShardSource.open(url)
+    """Bytes fetched by a cold read of one record from the middle of shard 0: the few-record
+    path of ``read_records`` (frame table, the record's row, its frame), and, for comparison,
+    the bulk path (whole index, then the frame)."""
     shard = 0
-    index_bytes = int(source.manifest.columns["index_bytes"][shard])
-    index = source.index(shard)
-    after_index = source.fetcher.stats.bytes_fetched
+    probe = ShardSource.open(url)
+    index = probe.index(shard)
     record = index.num_records // 2
-    batch = source.read(shard, record, record + 1)
     frame = int(index.frame_of_record(record))
+    cold = ShardSource.open(url)
+    (tokens,) = list(_read_few(cold, shard, record, record + 1))
+    assert np.array_equal(tokens, probe.read(shard, record, record + 1).tokens)
+    bulk = ShardSource.open(url)
+    bulk.index(shard)
+    bulk_index = bulk.fetcher.stats.bytes_fetched
+    bulk.read(shard, record, record + 1)
     return {
-        "shard_bytes": int(source.manifest.columns["bytes"][shard]),
+        "shard_bytes": int(probe.manifest.columns["bytes"][shard]),
         "num_frames": index.num_frames,
         "record": record,
-        "record_tokens": int(len(batch.tokens)),
-        "index_bytes": index_bytes,
-        "index_fetched": after_index,
-        "record_fetched": source.fetcher.stats.bytes_fetched - after_index,
-        "total_fetched": source.fetcher.stats.bytes_fetched,
+        "record_tokens": int(len(tokens)),
+        "few_requests": cold.fetcher.stats.requests,
+        "few_fetched": cold.fetcher.stats.bytes_fetched,
+        "bulk_index": bulk_index,
+        "bulk_fetched": bulk.fetcher.stats.bytes_fetched,
         "frame_comp": int(index.frames["comp_size"][frame]),
         "frame_raw": int(index.frames["raw_size"][frame]),
     }
@@ -198,22 +205,17 @@ the {num_shards} shards of 64 MiB split unevenly (one worker writes {(num_shards
 and the two workers share this machine's cores with other jobs, so the per-worker figure at \
 `--workers 2` is a floor, not a per-core cost.
 
-The index is fetched once per shard and cached; it holds 16 bytes per record plus 20 per \
-frame, so for short documents it outweighs one frame.
+Random access: a cold read of one record (record {ra['record']:,}, {ra['record_tokens']} tokens) \
+from the middle of a {ra['shard_bytes'] / 2**20:.1f} MiB shard of {ra['num_frames']:,} frames:
 
-Random access: one record (record {ra['record']:,}, {ra['record_tokens']} tokens) from the \
-middle of a {ra['shard_bytes'] / 2**20:.1f} MiB shard of {ra['num_frames']:,} frames, read \
-through `ShardSource`:
+| path | requests | bytes fetched | in compressed frames |
+|---|---|---|---|
+| `read_records(url, shard, r, r + 1)`: frame table, the record's row, its frame | {ra['few_requests']} | {ra['few_fetched']:,} | {ra['few_fetched'] / ra['frame_comp']:.2f} |
+| bulk path (`ShardSource.read`): whole shard index, then the frame | 2 | {ra['bulk_fetched']:,} (index {ra['bulk_index']:,}) | {ra['bulk_fetched'] / ra['frame_comp']:.2f} |
+| for scale: that frame compressed / raw | | {ra['frame_comp']:,} / {ra['frame_raw']:,} | 1.00 |
 
-| fetched | bytes |
-|---|---|
-| shard index (one ranged read) | {ra['index_fetched']:,} |
-| the record's frame(s) | {ra['record_fetched']:,} |
-| total | {ra['total_fetched']:,} |
-| for scale: that frame compressed / raw | {ra['frame_comp']:,} / {ra['frame_raw']:,} |
-
-The record costs {ra['record_fetched'] / ra['frame_comp']:.2f} compressed frames, \
-{ra['total_fetched'] / ra['shard_bytes']:.2%} of the shard.
+The bulk path fetches each shard's index once (16 bytes per record, 20 per frame) and keeps
+it for every later read of the shard; a single record costs about one frame on the few-record path.
 """
     update_section("convert", text)
 

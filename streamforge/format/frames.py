@@ -110,6 +110,24 @@ def encode_index(frames: np.ndarray, records: np.ndarray, num_tokens: int) -> by
     return struct.pack("<II", SKIPPABLE_MAGIC, len(payload)) + payload
 
 
+def frame_table_bytes(num_frames: int) -> int:
+    """Bytes from the start of the index frame to the end of its frame table; the record
+    table follows, ``RECORD_DTYPE.itemsize`` bytes per record."""
+    return 8 + _INDEX_HEAD.size + num_frames * FRAME_DTYPE.itemsize
+
+
+def decode_frame_table(blob: bytes, where: str) -> np.ndarray:
+    """The frame table from the first ``frame_table_bytes(F)`` bytes of an index frame, for
+    reading a few records without fetching the whole record table."""
+    if len(blob) < 8 + _INDEX_HEAD.size:
+        raise ShardCorruptError(f"{where}: index frame truncated ({len(blob)} bytes)")
+    magic, _ = struct.unpack_from("<II", blob)
+    head, num_frames, _, _ = _INDEX_HEAD.unpack_from(blob, 8)
+    if magic != SKIPPABLE_MAGIC or head != INDEX_MAGIC or len(blob) < frame_table_bytes(num_frames):
+        raise ShardCorruptError(f"{where}: no index frame table where the manifest says")
+    return np.frombuffer(blob, FRAME_DTYPE, num_frames, 8 + _INDEX_HEAD.size)
+
+
 def decode_index(blob: bytes, where: str) -> ShardIndex:
     """Parse the skippable index frame ``blob``; ``where`` names the shard in errors."""
     if len(blob) < 8 + _INDEX_HEAD.size:

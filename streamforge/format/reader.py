@@ -22,7 +22,7 @@ from ..storage.cache import FrameCache
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher
 from ..storage.prefetch import FetchUnit, Prefetcher
-from .frames import ShardIndex, decode_frame, decode_index
+from .frames import RECORD_DTYPE, ShardIndex, decode_frame, decode_frame_table, decode_index, frame_table_bytes
 from .manifest import Manifest
 
 log = logging.getLogger("streamforge.storage")
@@ -566,15 +566,25 @@ def read_records(
 ) -> Iterator[np.ndarray]:
     """Yield the token arrays of records ``start..stop-1`` of one shard of the stream at ``url``.
 
-    Only the shard index and the frames holding those records are fetched.
+    Only what those records need is fetched: for a few records, the shard's frame table, their
+    rows of the record table and their frames (three small ranged reads, about one frame of
+    bytes); for longer ranges, the whole shard index, then the frames a stretch at a time.
     """
     source = ShardSource.open(url, storage_options)
     if not 0 <= shard < source.manifest.num_shards:
         raise IndexError(f"{url}: shard {shard} outside 0..{source.manifest.num_shards - 1}")
     num_records = int(source.manifest.columns["num_records"][shard])
     stop = num_records if stop is None else min(stop, num_records)
+    if stop <= start:
+        return
+    if start < 0:
+        raise IndexError(f"{url}: record {start} is negative")
+    index_bytes = int(source.manifest.columns["index_bytes"][shard])
+    if (stop - start) * RECORD_DTYPE.itemsize * 8 < index_bytes:
+        yield from _read_few(source, shard, start, stop)
+        return
     # Read a frame-sized stretch at a time so memory stays bounded for whole-shard reads.
-    index = source.index(shard) if stop > start else None
+    index = source.index(shard)
     record = start
     while record < stop:
         frame = int(index.frame_of_record(record))
@@ -583,3 +593,43 @@ def read_records(
         for i in range(len(batch)):
             yield batch.doc(i).copy()
         record = chunk_stop
+
+
+def _read_few(source: ShardSource, shard: int, start: int, stop: int) -> Iterator[np.ndarray]:
+    """A few records with three ranged reads: frame table, their record rows, their frames."""
+    col = source.manifest.columns
+    name = source.manifest.shard_names[shard]
+    where = source.where(shard)
+    base = int(col["index_offset"][shard])
+    table_end = frame_table_bytes(int(col["num_frames"][shard]))
+    size = int(col["bytes"][shard])
+    frames = decode_frame_table(
+        source.fetcher.read(name, base, base + table_end, what=f"{where} frame table", file_size=size), where
+    )
+    lo = base + table_end + start * RECORD_DTYPE.itemsize
+    rows = np.frombuffer(
+        source.fetcher.read(name, lo, lo + (stop - start) * RECORD_DTYPE.itemsize,
+                            what=f"{where} record table", file_size=size),
+        RECORD_DTYPE,
+    )
+    first = int(np.searchsorted(frames["first_record"], start, side="right")) - 1
+    last = int(np.searchsorted(frames["first_record"], stop - 1, side="right")) - 1
+    begin = int(frames["comp_offset"][first])
+    end = int(frames["comp_offset"][last]) + int(frames["comp_size"][last])
+    blob = memoryview(source.fetcher.read(name, begin, end, what=source.where(shard, (first, last + 1)), file_size=size))
+    decompressor = zstandard.ZstdDecompressor()
+    raws = {}
+    for f in range(first, last + 1):
+        a = int(frames["comp_offset"][f]) - begin
+        try:
+            raws[f] = decode_frame(source.manifest.compression, blob[a : a + int(frames["comp_size"][f])],
+                                   int(frames["raw_size"][f]), decompressor)
+        except (zstandard.ZstdError, ValueError) as exc:
+            raise ShardCorruptError(f"{source.where(shard, f)}: frame does not decode ({exc})") from exc
+    itemsize = source.dtype.itemsize
+    for r, row in zip(range(start, stop), rows):
+        f = int(np.searchsorted(frames["first_record"], r, side="right")) - 1
+        off, n = int(row["token_offset"]), int(row["num_tokens"])
+        if off + n * itemsize > len(raws[f]):
+            raise ShardCorruptError(f"{source.where(shard, f, (r, r + 1))}: record lies outside its frame")
+        yield np.frombuffer(raws[f], source.dtype, n, off).copy()
