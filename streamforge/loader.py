@@ -168,6 +168,7 @@ class StreamingLoader:
         total: dict[str, Any] = {"batches": self._batches, "epoch": self._epoch}
         for worker_stats in self._stats.values():
             _accumulate(total, worker_stats)
+        _ratios(total)
         return total
 
     def skipped(self) -> list[dict[str, Any]]:
@@ -256,3 +257,13 @@ def _accumulate(total: dict[str, Any], part: dict[str, Any]) -> None:
             _accumulate(total.setdefault(key, {}), value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             total[key] = total.get(key, 0) + value
+
+
+def _ratios(total: dict[str, Any]) -> None:
+    """Ratios do not add up across workers: recompute them from the summed counters."""
+    for value in total.values():
+        if isinstance(value, dict):
+            _ratios(value)
+    if "bytes_fetched" in total and "bytes_needed" in total:
+        needed = total["bytes_needed"]
+        total["read_amplification"] = total["bytes_fetched"] / needed if needed else 0.0

@@ -21,11 +21,14 @@ in the environment before gcsfs is first imported (``docs/storage.md``).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -38,6 +41,7 @@ from s3_server import free_port
 
 _counter = itertools.count()
 PROTOCOLS = ("gs", "gcs")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def find_binary() -> str | None:
@@ -55,6 +59,13 @@ def find_binary() -> str | None:
     return str(binary) if binary.is_file() else shutil.which("fake-gcs-server")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, get SIGTERM when the test process dies (even
+    killed by ``timeout``), so no server outlives its session. Elsewhere ``stop`` must run."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class GCSServer:
     def __init__(self, binary: str) -> None:
         self.binary = binary
@@ -68,6 +79,7 @@ class GCSServer:
             [self.binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
              "-port", str(self.port), "-external-url", self.endpoint_url, "-log-level", "error"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
