@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Callable
@@ -94,26 +94,40 @@ class ShardJob:
 
 
 def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
-    """Encode and write the shards of ``job``; (shard, row, documents, tokens) for each."""
+    """Encode and write the shards of ``job``; (shard, row, documents, tokens) for each.
+
+    Shard k is hashed and written on a helper thread while shard k+1 is encoded (zstd,
+    sha256 and file writes all release the GIL); at most one shard waits to be written.
+    """
     fs, path = open_url(job.url, job.storage_options)
     dtype = np.dtype(job.token_dtype).newbyteorder("<")
     done = []
-    for shard, lo, hi in job.shards:
-        tokens, offsets = job.source.read(lo, hi)
-        encoded = encode_shard_flat(
-            np.asarray(tokens).astype(dtype, copy=False),
-            offsets,
-            lo,
-            frame_size=job.frame_size,
-            compression_level=job.compression_level,
-            compression=job.compression,
-        )
+
+    def write(shard, encoded, documents, tokens):
         try:
             row = write_shard(fs, path, shard, encoded, job.compression)
         except OSError as exc:
             exc.add_note(f"while writing shard {shard} of {job.url}")
             raise
-        done.append((shard, row, hi - lo, int(offsets[-1])))
+        return shard, row, documents, tokens
+
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        pending = None
+        for shard, lo, hi in job.shards:
+            tokens, offsets = job.source.read(lo, hi)
+            encoded = encode_shard_flat(
+                np.asarray(tokens).astype(dtype, copy=False),
+                offsets,
+                lo,
+                frame_size=job.frame_size,
+                compression_level=job.compression_level,
+                compression=job.compression,
+            )
+            if pending is not None:
+                done.append(pending.result())
+            pending = writer.submit(write, shard, encoded, hi - lo, int(offsets[-1]))
+        if pending is not None:
+            done.append(pending.result())
     return done
 
 

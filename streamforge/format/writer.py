@@ -89,10 +89,25 @@ def encode_meta(meta: Any) -> bytes | None:
 
 @dataclass
 class EncodedShard:
-    """One shard's file bytes and its manifest row."""
+    """One shard's file bytes and its manifest row (sha256 computed on first use, or while
+    ``write_shard`` writes the bytes, so hashing can run beside the next shard's encoding)."""
 
     parts: list[bytes]
-    row: dict[str, Any]
+    counts: dict[str, Any]
+    _sha256: str | None = None
+
+    @property
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            digest = hashlib.sha256()
+            for part in self.parts:
+                digest.update(part)
+            self._sha256 = digest.hexdigest()
+        return self._sha256
+
+    @property
+    def row(self) -> dict[str, Any]:
+        return {**self.counts, "sha256": self.sha256}
 
 
 def encode_shard(
@@ -213,32 +228,31 @@ def encode_shard_flat(
 
 
 def _finish_shard(parts: list[bytes], frames: np.ndarray, table: np.ndarray, num_tokens: int) -> EncodedShard:
-    """Append the index frame to the compressed frames, hash the file, make its manifest row."""
+    """Append the index frame to the compressed frames and count what the manifest records."""
     index = encode_index(frames, table, num_tokens)
     comp_offset = sum(len(p) for p in parts)
     parts.append(index)
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part)
-    row = {
+    counts = {
         "bytes": comp_offset + len(index),
-        "sha256": digest.hexdigest(),
         "num_records": len(table),
         "num_tokens": num_tokens,
         "num_frames": len(frames),
         "index_offset": comp_offset,
         "index_bytes": len(index),
     }
-    return EncodedShard(parts=parts, row=row)
+    return EncodedShard(parts=parts, counts=counts)
 
 
 def write_shard(fs, path: str, shard: int, encoded: EncodedShard, compression: str = "zstd") -> dict[str, Any]:
     """Write one encoded shard as ``<path>/shard-NNNNNN.tar.zst`` (``.tar`` uncompressed);
     returns its manifest row."""
     name = shard_name(shard, compressed=compression != "none")
+    digest = hashlib.sha256()
     with fs.open(join(path, name), "wb") as out:
         for part in encoded.parts:
+            digest.update(part)
             out.write(part)
+    encoded._sha256 = digest.hexdigest()
     return {"name": name, **encoded.row}
 
 
