@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..format.manifest import Manifest
 from ..format.reader import DocBatch, ShardSource
 from ..plan import Range, plan_for_manifest
@@ -137,18 +135,3 @@ class ShardReader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, _KEYS, "ShardReader")
         self._set_cursor(int(state["pass"]), int(state["range"]), int(state["offset"]))
-
-    def records_before(self, state: dict[str, Any]) -> int:
-        """Records of the pass that precede the cursor ``state`` (for progress and resume)."""
-        ranges = self.ranges if state["pass"] == self.pass_idx else self.ranges_for(state["pass"])
-        done = sum(b - a for _, a, b in ranges[: state["range"]])
-        return done + int(state["offset"])
-
-    def pass_records(self, pass_idx: int | None = None) -> int:
-        ranges = self.ranges if pass_idx in (None, self.pass_idx) else self.ranges_for(pass_idx)
-        return int(sum(b - a for _, a, b in ranges))
-
-
-def record_positions(batch: DocBatch) -> np.ndarray:
-    """(shard, record) pairs of a batch as an [n, 2] array (for provenance and tests)."""
-    return np.stack([batch.shard, batch.record], axis=1)
