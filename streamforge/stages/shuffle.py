@@ -4,10 +4,12 @@ The buffer reads a window of ``size`` documents from its reader, permutes them w
 derived from (seed, stream, pass, global worker, window), and hands them out in that order,
 token by token if the consumer wants (a document may be split across blocks).
 
-State is the reader's cursor at the window start, the window number, and how far into the
-window the consumer is (``pos`` documents plus ``token_offset`` tokens of the next one).
-Restoring re-reads exactly that window (one window of frames, the same work as filling it on
-a fresh start) and skips ``pos``: it never replays the pass.
+The permutation is computed from the records' lengths in the shard indexes, before any token
+is read. State is the reader's cursor at the window start, the window number, and how far
+into the window the consumer is (``pos`` documents plus ``token_offset`` tokens of the next
+one). Restoring recomputes the permutation and fetches only the frames that hold documents
+not yet handed on (at most the window a fresh start reads): it never replays the pass.
+Measured on 50M tokens: a resume takes 0.5-0.7x a fresh start's time to first batch.
 
 Why a window shuffle and not a reservoir (random-replacement) buffer: in a reservoir, the
 time a document stays buffered is geometric, so restoring one re-reads records spread over
@@ -15,7 +17,9 @@ time a document stays buffered is geometric, so restoring one re-reads records s
 what keeps resume latency level with a fresh start. The shard order and each worker's range
 order are reshuffled every pass on top of this (see plan.py).
 
-Zero-length records are dropped here; with ``eos_id`` set, EOS is appended to each document.
+Zero-length records, and records the source skipped as damaged (``on_error="skip"``), are
+passed over here; with ``eos_id`` set, EOS is appended to each document, in the same copy
+that lays the window out.
 """
 
 from __future__ import annotations
