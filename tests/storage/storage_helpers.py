@@ -59,3 +59,20 @@ def config(**kwargs) -> StorageConfig:
     kwargs.setdefault("request_bytes", 16 << 10)
     kwargs.setdefault("prefetch_bytes", 64 << 10)
     return StorageConfig(**kwargs)
+
+
+def batches(loader, limit=None) -> list[dict[str, np.ndarray]]:
+    """The loader's batches as numpy copies (at most ``limit``)."""
+    out = []
+    for batch in loader:
+        out.append({k: np.asarray(v).copy() for k, v in batch.items()})
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def equal(a, b) -> bool:
+    """Two lists of batches are the same, key by key, bit for bit."""
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )

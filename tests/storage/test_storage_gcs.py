@@ -10,11 +10,10 @@ local copy.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from gcs_server import gcs_server  # noqa: F401  (fixture)
-from storage_helpers import FAST_RETRY, config, read_all, same, tokens_of, write_corpus
+from storage_helpers import FAST_RETRY, batches, config, equal, read_all, same, tokens_of, write_corpus
 from streamforge import PackedTokenDataset, ShardWriter, Stream, StreamingLoader
 from streamforge.errors import ManifestError
 from streamforge.format.manifest import Manifest
@@ -94,19 +93,8 @@ def loader_for(url, opts=None):
     return StreamingLoader(ds, batch_size=2, num_workers=0)
 
 
-def batches(loader, limit=None):
-    out = []
-    for batch in loader:
-        out.append({k: np.asarray(v).copy() for k, v in batch.items()})
-        if len(out) == limit:
-            break
-    return out
 
 
-def equal(a, b):
-    return len(a) == len(b) and all(
-        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
-    )
 
 
 @pytest.fixture(scope="module")

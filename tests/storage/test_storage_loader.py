@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from fault_proxy import FaultProxy
-from storage_helpers import FAST_RETRY
+from storage_helpers import FAST_RETRY, batches, equal
 from streamforge import PackedTokenDataset, Stream, StreamingLoader
 from streamforge.storage.config import StorageConfig
 
@@ -22,19 +21,8 @@ def loader_for(url, opts, num_workers=0, **storage):
     return StreamingLoader(ds, batch_size=4, num_workers=num_workers)
 
 
-def batches(loader, limit=None):
-    out = []
-    for batch in loader:
-        out.append({k: np.asarray(v).copy() for k, v in batch.items()})
-        if limit is not None and len(out) == limit:
-            break
-    return out
 
 
-def equal(a, b):
-    return len(a) == len(b) and all(
-        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
-    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from fault_proxy import FaultProxy
-from storage_helpers import FAST_RETRY, write_corpus
+from storage_helpers import FAST_RETRY, batches, equal, write_corpus
 from streamforge import PackedTokenDataset, Stream, StreamingLoader
 from streamforge.errors import StorageError
 from streamforge.format.reader import ShardSource
@@ -21,22 +20,13 @@ def _loader(url, opts, **storage):
     return StreamingLoader(ds, batch_size=4)
 
 
-def _take(loader, limit=None):
-    out = []
-    for batch in loader:
-        out.append({k: v.numpy().copy() for k, v in batch.items()})
-        if limit is not None and len(out) == limit:
-            break
-    return out
 
 
-def _equal(a, b):
-    return len(a) == len(b) and all(all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
 
 
 def test_state_stays_valid_when_retries_run_out(s3_corpus, s3_server):
     url, opts, _ = s3_corpus
-    clean = _take(_loader(url, opts))
+    clean = batches(_loader(url, opts))
     proxy = FaultProxy(s3_server.endpoint_url, rate=0.0, seed=1).start()
     try:
         through = {**opts, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
@@ -53,11 +43,11 @@ def test_state_stays_valid_when_retries_run_out(s3_corpus, s3_server):
         state = loader.state_dict()  # the state of the last batch handed out
     finally:
         proxy.stop()
-    assert state["batches"] == len(head) and _equal(head, clean[: len(head)])
+    assert state["batches"] == len(head) and equal(head, clean[: len(head)])
     resumed = _loader(url, opts)  # storage is back
     resumed.load_state_dict(state)
     assert resumed.resume_report.mode == "exact"
-    assert _equal(_take(resumed), clean[len(head):])
+    assert equal(batches(resumed), clean[len(head):])
 
 
 def test_skipped_records_are_counted_and_reported(tmp_path, docs):
@@ -72,13 +62,13 @@ def test_skipped_records_are_counted_and_reported(tmp_path, docs):
     blob[at] ^= 0x40
     fs.pipe(target, bytes(blob))
     with pytest.raises(Exception, match="shard-000001"):
-        _take(_loader(url, None))
+        batches(_loader(url, None))
     loader = _loader(url, None, on_error="skip")
-    batches = _take(loader)
+    got = batches(loader)
     lost = index.record_stop(1) - int(index.frames["first_record"][1])
     assert loader.stats()["web"]["skipped_records"] == lost
     assert loader.skipped() and loader.skipped()[0]["shard"] == manifest.shard_names[1]
-    total = sum(int((b["doc_ids"] >= 0).sum()) for b in batches)
+    total = sum(int((b["doc_ids"] >= 0).sum()) for b in got)
     damaged = sum(len(docs[i]) + 1 for i in range(int(manifest.first_records[1]) + int(index.frames["first_record"][1]),
                                                    int(manifest.first_records[1]) + index.record_stop(1)) if len(docs[i]))
     assert total == sum(len(d) + 1 for d in docs if len(d)) - damaged
