@@ -49,6 +49,21 @@ class RowBatch:
         return sum(getattr(self, f).nbytes for f in self.__dataclass_fields__)
 
 
+def pad_to_rows(batch: RowBatch | None, num_rows: int, seq_len: int, dtype: np.dtype, pad_id: int) -> RowBatch:
+    """``batch`` with padding rows appended up to ``num_rows`` (a whole batch of padding
+    when None): no pieces, labels -100, doc ids -1, as everywhere else padding is."""
+    tokens = np.full((num_rows, seq_len + 1), pad_id, dtype)
+    lookahead = np.zeros(num_rows, bool)
+    if batch is None:
+        z = np.zeros(0, np.int64)
+        return RowBatch(tokens, lookahead, z, z, z.astype(np.int16), z.astype(np.int32), z, z, z.astype(bool))
+    n = batch.num_rows
+    tokens[:n] = batch.tokens
+    lookahead[:n] = batch.lookahead
+    return RowBatch(tokens, lookahead, batch.start, batch.length, batch.stream, batch.shard,
+                    batch.record, batch.token_start, batch.continues)
+
+
 _ARANGE = np.arange(0, dtype=np.int64)
 
 

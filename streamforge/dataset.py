@@ -22,10 +22,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .batch import RowBatch, expand
-from .errors import ConfigError
+from .batch import RowBatch, expand, pad_to_rows
+from .errors import ConfigError, ResumeMismatchError
 from .format.manifest import Manifest
 from .format.reader import ShardSource
+from .plan import PassPlan
+from .planner import Planner
+from .schedule import MixtureSchedule
+from .stages.base import check_state
 from .stages.interleave import Interleaver
 from .stages.pack import MODES, Packer
 from .stages.read import ShardReader
@@ -90,7 +94,7 @@ def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int
     return int(rank), int(world_size)
 
 
-def _normalize_streams(streams: Any) -> list[Stream]:
+def _normalize_streams(streams: Any, scheduled: bool = False) -> list[Stream]:
     if isinstance(streams, (str, os.PathLike, Stream)):
         streams = [streams]
     out = [s if isinstance(s, Stream) else Stream(str(s)) for s in streams]
@@ -102,7 +106,7 @@ def _normalize_streams(streams: Any) -> list[Stream]:
     for s in out:
         if not s.weight >= 0:
             raise ConfigError(f"stream {s.name or s.url}: weight must be >= 0, got {s.weight}")
-    if sum(s.weight for s in out) <= 0:
+    if sum(s.weight for s in out) <= 0 and not scheduled:
         raise ConfigError("at least one stream needs a positive weight")
     return [Stream(str(s.url), float(s.weight), n, s.storage_options) for s, n in zip(out, names)]
 
@@ -129,8 +133,13 @@ class PackedTokenDataset(IterableDataset):
         storage: StorageConfig | None = None,
         manifests: Sequence[Manifest] | None = None,
         share_manifests: bool = True,
+        weights: Any = None,
+        temperature: float = 1.0,
     ) -> None:
-        self.streams = _normalize_streams(streams)
+        """``weights`` overrides the streams' own weights: a ``{name: weight}`` mapping, or a
+        schedule ``[(first_step, {name: weight}), ...]`` keyed by global step (see
+        ``docs/mixing.md``); ``temperature`` reshapes every phase as ``w ** (1/temperature)``."""
+        self.streams = _normalize_streams(streams, weights is not None)
         self.storage = storage or StorageConfig()
         self.manifests = (
             list(manifests) if manifests is not None else self._load_manifests(share_manifests)
@@ -144,6 +153,36 @@ class PackedTokenDataset(IterableDataset):
         self.rank, self.world_size = resolve_topology(rank, world_size)
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
+        self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature)
+        self.planner = Planner(self.stream_names, self.manifests, seed=self.config.seed, sources=self._index_source)
+        self._index_sources: dict[int, ShardSource] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_index_sources"] = {}  # per process: opened where the indexes are read
+        return state
+
+    def _index_source(self, stream: int) -> ShardSource:
+        """The source the planner reads record indexes through (one per stream, lazily)."""
+        source = self._index_sources.get(stream)
+        if source is None:
+            s = self.streams[stream]
+            fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry)
+            source = self._index_sources[stream] = ShardSource(self.manifests[stream], fetcher, config=self.storage)
+        return source
+
+    @property
+    def eos_appended(self) -> list[bool]:
+        """Per stream: does the pipeline append EOS to its documents?"""
+        return [self.config.eos_id is not None and not m.docs_end_with_eos for m in self.manifests]
+
+    def pass_plan(self, pass_idx: int, *, workers_per_rank: int, batch_size: int, first_step: int = 0) -> PassPlan:
+        """The plan of ``pass_idx`` for this job's topology (see ``plan.PassPlan``)."""
+        return self.planner.pass_plan(
+            pass_idx, world_size=self.world_size, workers_per_rank=workers_per_rank,
+            batch_size=batch_size, seq_len=self.config.seq_len, packing=self.config.packing,
+            eos_appended=self.eos_appended, first_step=first_step,
+        )
 
     def _load_manifests(self, share: bool) -> list[Manifest]:
         """Each stream's manifest, read once per job: with torch.distributed initialized (and
@@ -198,13 +237,17 @@ class PackedTokenDataset(IterableDataset):
                 {"name": s.name, "weight": s.weight, "manifest": m.fingerprint}
                 for s, m in zip(self.streams, self.manifests)
             ],
+            "mixture": self.schedule.describe(),
             "world_size": self.world_size,
             **asdict(self.config),
         }
 
     # -- pipelines -------------------------------------------------------------------------
-    def make_pipeline(self, worker: int, num_workers: int, first_pass: int = 0) -> WorkerPipeline:
-        return WorkerPipeline(self, worker, num_workers, first_pass)
+    def make_pipeline(
+        self, worker: int, num_workers: int, first_pass: int = 0, *,
+        quota: int | None = None, first_step: int = 0,
+    ) -> WorkerPipeline:
+        return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step)
 
     def __iter__(self):
         info = get_worker_info()
@@ -222,46 +265,116 @@ class PackedTokenDataset(IterableDataset):
 
 
 class WorkerPipeline:
-    """The stages of one global worker, with their joint state."""
+    """The stages of one global worker, with their joint state, on the job clock.
 
-    def __init__(self, dataset: PackedTokenDataset, worker: int, num_workers: int, first_pass: int) -> None:
+    The pipeline builds its worker's batches of the rank's sequence: its ``j``-th batch has
+    global step ``first_step + j * W + worker`` (``plan.PassPlan.step_of``); the interleaver
+    is told that step before the batch is built. In a finite pass, ``quota`` is the number of
+    batches this worker builds (``PassPlan.batches_of``); every one is full.
+    """
+
+    def __init__(
+        self, dataset: PackedTokenDataset, worker: int, num_workers: int, first_pass: int, *,
+        quota: int | None = None, first_step: int = 0,
+    ) -> None:
         cfg = dataset.config
         self.dataset = dataset
+        self.worker = worker
+        self.num_workers = num_workers
         self.global_worker = dataset.rank * num_workers + worker
         self.num_global_workers = dataset.world_size * num_workers
+        self.quota = quota
+        self.first_step = first_step
+        self.batches = 0  # batches built in this pass (since the start, when infinite)
+        self.padded_rows = 0
         self.sources = []
         buffers = []
-        for stream, manifest in zip(dataset.streams, dataset.manifests):
+        planner = dataset.planner
+        for i, (stream, manifest) in enumerate(zip(dataset.streams, dataset.manifests)):
             fetcher = ByteFetcher(stream.url, stream.storage_options, dataset.storage.retry)
             source = ShardSource(manifest, fetcher, config=dataset.storage)
+
+            def ranges_for(pass_idx: int, _i=i) -> list:
+                return planner.worker_ranges(_i, pass_idx, self.num_global_workers, self.global_worker)
+
             reader = ShardReader(
-                source, seed=cfg.seed, stream_key=stream.name, global_worker=self.global_worker,
-                num_global_workers=self.num_global_workers, infinite=cfg.infinite, first_pass=first_pass,
+                source, ranges_for=ranges_for, stream_key=stream.name, infinite=cfg.infinite,
+                first_pass=first_pass,
             )
-            eos = None if manifest.docs_end_with_eos else cfg.eos_id
+            eos = cfg.eos_id if dataset.eos_appended[i] else None
             buffers.append(ShuffleBuffer(
                 reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                 global_worker=self.global_worker, eos_id=eos,
             ))
             self.sources.append(source)
         self.buffers = buffers
-        self.interleaver = Interleaver(buffers, dataset.weights)
+        self.interleaver = Interleaver(buffers, dataset.schedule)
         self.packer = Packer(
             self.interleaver, seq_len=cfg.seq_len, mode=cfg.packing, pad_id=cfg.pad_id,
             dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window,
         )
 
+    @property
+    def step(self) -> int:
+        """The global step of the next batch this pipeline builds."""
+        return self.first_step + self.batches * self.num_workers + self.worker
+
     def next_batch(self, num_rows: int) -> RowBatch | None:
-        return self.packer.next_rows(num_rows)
+        """The next batch, or None when this worker's share of the pass is done. With a
+        quota, a batch the data cannot fill (records skipped as damaged) is padded to full
+        shape, counted in ``stats()["padded_rows"]``, so every rank still has every step."""
+        if self.quota is not None and self.batches >= self.quota:
+            return None
+        self.interleaver.set_step(self.step)
+        rows = self.packer.next_rows(num_rows)
+        if self.quota is not None:
+            got = 0 if rows is None else rows.num_rows
+            if got < num_rows:
+                self.padded_rows += num_rows - got
+                rows = pad_to_rows(rows, num_rows, self.dataset.config.seq_len, self.dataset.token_dtype,
+                                   self.dataset.config.pad_id)
+        if rows is None:
+            return None
+        self.batches += 1
+        return rows
 
     def state_dict(self) -> dict[str, Any]:
-        return self.packer.state_dict()
+        return {"batches": self.batches, "packer": self.packer.state_dict()}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise ``ResumeMismatchError`` naming the stage and value a state gets wrong
+        (reads record indexes, never tokens; leaves this pipeline unusable)."""
+        self._check_own(state)
+        self.packer.check_state(state["packer"])
+
+    def _check_own(self, state: dict[str, Any]) -> None:
+        check_state(state, ("batches", "packer"), "WorkerPipeline")
+        batches = int(state["batches"])
+        if batches < 0 or (self.quota is not None and batches > self.quota):
+            raise ResumeMismatchError(
+                f"WorkerPipeline: worker {self.worker} has built {batches} batches, outside "
+                f"0..{self.quota} of this pass"
+            )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.packer.load_state_dict(state)
+        self._check_own(state)
+        self.batches = int(state["batches"])
+        self.packer.load_state_dict(state["packer"])
+
+    @staticmethod
+    def stream_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each stream's shuffle-buffer state nested in a saved pipeline state."""
+        check_state(state, ("batches", "packer"), "WorkerPipeline")
+        return Interleaver.source_states(Packer.source_state(state["packer"]))
+
+    def seek(self, positions: Sequence[tuple[int, int]]) -> None:
+        """Start each stream ``records`` into this worker's ranges of ``pass`` (one
+        ``(pass, records)`` per stream), at a window boundary; used by statistical resume."""
+        for buffer, (pass_idx, records) in zip(self.buffers, positions):
+            buffer.seek(pass_idx, records)
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"truncated_tokens": self.packer.truncated_tokens}
+        out: dict[str, Any] = {"truncated_tokens": self.packer.truncated_tokens, "padded_rows": self.padded_rows}
         for stream, source in zip(self.dataset.streams, self.sources):
             stats = source.stats() if callable(getattr(source, "stats", None)) else {}
             out[stream.name] = stats

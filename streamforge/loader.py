@@ -1,32 +1,41 @@
-"""StreamingLoader: batches from worker pipelines, with resumable state.
+"""StreamingLoader: a rank's batches on the job clock, with resumable state.
 
 Each of the W logical workers of a rank runs one ``WorkerPipeline`` and builds whole batches
 (``RowBatch``, ~2 bytes per token) that cross the process boundary in one buffer; this
 process expands them into the batch contract, pins them and moves them to the device.
 
-Order and state. Batches are taken from the logical workers round-robin; a worker whose
-pass is over answers with an end marker instead of stopping, so torch's round-robin never
-reshuffles. The loader keeps, per logical worker, the pipeline state sent along with the
-last batch *handed to the caller* (batches still prefetched in workers do not count), and
-which worker is next. On resume, DataLoader worker ``k`` plays logical worker
-``(k + next_worker) % W`` so the first batch comes from the right one.
+The clock. The rank's local batch ``i`` of a pass comes from logical worker ``i % W`` and has
+global step ``pass_first_step + i`` (``plan.PassPlan``): the same number on every rank. A
+finite pass has ``steps_per_pass`` steps on every rank, computed from the corpus metadata
+before the first batch; each worker builds exactly its share of them, all full. Steps in
+``skip_steps`` are built (their data consumed) and dropped here.
+
+Order and state. A worker whose share is done answers with an end marker instead of
+stopping, so torch's round-robin never reshuffles. The loader keeps, per logical worker, the
+pipeline state sent along with the last batch *handed to the caller* (batches still
+prefetched in workers do not count). On resume, DataLoader worker ``k`` plays logical worker
+``(k + i) % W`` so the first batch comes from the right one.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batch import RowBatch, expand
+from .counters import Counters
 from .dataset import PackedTokenDataset
 from .errors import ConfigError, ResumeMismatchError
-from .resume import statistical_worker_states
-from .state import STATE_VERSION, ResumeReport, config_differences, fingerprint
+from .plan import PassPlan
+from .resume import statistical_worker_states, stream_positions
+from .schedule import SkipRanges
+from .state import STATE_KEYS, STATE_VERSION, ResumeReport, config_differences, fingerprint
 
-_STATE_KEYS = ("version", "fingerprint", "config", "epoch", "batches", "next_worker", "workers", "exhausted")
+log = logging.getLogger(__name__)
 
 
 def _identity(item):
@@ -36,36 +45,50 @@ def _identity(item):
 class _WorkerBatches(IterableDataset):
     """What runs inside each DataLoader worker process."""
 
-    def __init__(self, dataset, num_logical, epoch, states, exhausted, rotation, batch_size):
+    def __init__(self, dataset, num_logical, pass_idx, first_step, quotas, states, rotation, batch_size):
         self.dataset = dataset
         self.num_logical = num_logical
-        self.epoch = epoch
+        self.pass_idx = pass_idx
+        self.first_step = first_step
+        self.quotas = quotas
         self.states = states
-        self.exhausted = exhausted
         self.rotation = rotation
         self.batch_size = batch_size
 
     def __iter__(self):
         info = get_worker_info()
         logical = (info.id + self.rotation) % self.num_logical
-        if not self.exhausted[logical]:
-            pipeline = self.dataset.make_pipeline(logical, self.num_logical, first_pass=self.epoch)
-            if self.states[logical] is not None:
-                pipeline.load_state_dict(self.states[logical])
-            try:
-                while True:
-                    rows = pipeline.next_batch(self.batch_size)
-                    if rows is None:
-                        break
-                    yield ("batch", logical, rows, pipeline.state_dict(), pipeline.stats(), pipeline.skipped())
-            finally:
-                pipeline.close()
+        yield from _pipeline_batches(self, logical)
         while True:  # keep torch's round-robin fixed: answer, never stop
-            yield ("end", logical, None, None, None, None)
+            yield ("end", logical, None, None, None, None, None)
+
+
+def _pipeline_batches(job, logical: int):
+    """("batch", logical, step, rows, state, stats, skipped) for each batch of one worker."""
+    quota = None if job.quotas is None else job.quotas[logical]
+    pipeline = job.dataset.make_pipeline(
+        logical, job.num_logical, first_pass=job.pass_idx, quota=quota, first_step=job.first_step,
+    )
+    try:
+        if job.states[logical] is not None:
+            pipeline.load_state_dict(job.states[logical])
+        while True:
+            step = pipeline.step
+            rows = pipeline.next_batch(job.batch_size)
+            if rows is None:
+                return
+            yield ("batch", logical, step, rows, pipeline.state_dict(), pipeline.stats(), pipeline.skipped())
+    finally:
+        pipeline.close()
 
 
 class StreamingLoader:
-    """Iterable of batches (dicts of tensors) with exact ``state_dict``/``load_state_dict``."""
+    """Iterable of batches (dicts of tensors) on the job clock, with exact
+    ``state_dict``/``load_state_dict``.
+
+    ``skip_steps=[(start, end), ...]`` drops the batches of those global steps (end
+    exclusive), e.g. to jump over a loss spike; it can be given when resuming.
+    """
 
     def __init__(
         self,
@@ -77,6 +100,7 @@ class StreamingLoader:
         pin_memory: bool | None = None,
         device: torch.device | str | None = None,
         multiprocessing_context: str | None = None,
+        skip_steps: Any = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -92,84 +116,207 @@ class StreamingLoader:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.device = torch.device(device)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
+        self.skip_steps = SkipRanges(skip_steps)
         self.resume_report: ResumeReport | None = None
         self._config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
         self._fingerprint = fingerprint(self._config)
         self._live = None  # the in-process pipeline while one is iterating
         self._stats: dict[int, dict] = {}
         self._skipped: dict[int, list] = {}
-        self._start_epoch(0)
+        self._counters = Counters(dataset.stream_names, dataset.schedule)
+        self._plan: PassPlan | None = None
+        self._fractions: list[float] | None = None  # statistical resume: the pass's start
+        self._start_pass(0, 0)
+
+    @property
+    def infinite(self) -> bool:
+        return self.dataset.config.infinite
+
+    # -- the clock -------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The global step of the next batch (the same on every rank)."""
+        return self._first_step + self._batch
+
+    @property
+    def steps_per_pass(self) -> int:
+        """Steps (batches per rank) in the current pass: known before its first batch. With
+        ``infinite=True`` the streams' passes run on their own; this is the steps one pass
+        of every stream gives."""
+        return self.plan().steps
+
+    def plan(self) -> PassPlan:
+        """The plan of the current pass (after a statistical resume: of what is left of it)."""
+        if self._plan is None or self._plan.pass_idx != self._pass:
+            self._plan = self.dataset.pass_plan(
+                self._pass, workers_per_rank=self.num_logical, batch_size=self.batch_size,
+                first_step=self._first_step if not self.infinite else 0,
+            )
+        return self._plan
+
+    def _start_pass(self, pass_idx: int, first_step: int) -> None:
+        self._pass = pass_idx
+        self._first_step = first_step
+        self._batch = 0
+        self._pass_tokens = 0
+        self._worker_states: list[dict | None] = [None] * self.num_logical
+        self._fractions = None
+        self._plan = None
+
+    def _end_pass(self) -> None:
+        plan = self.plan()
+        self._counters.dropped_tokens += max(0, plan.rank_tokens(self.dataset.rank) - self._pass_tokens)
+        self._start_pass(self._pass + 1, self._first_step + plan.steps)
+
+    def _pass_over(self) -> bool:
+        return not self.infinite and self._batch >= self.plan().steps
 
     # -- state -----------------------------------------------------------------------------
-    def _start_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
-        self._batches = 0
-        self._next_worker = 0
-        self._worker_states: list[dict | None] = [None] * self.num_logical
-        self._exhausted = [False] * self.num_logical
-
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out (JSON-serializable)."""
+        if self._pass_over():
+            self._end_pass()
         return copy.deepcopy({
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
             "config": self._config,
-            "epoch": self._epoch,
-            "batches": self._batches,
-            "next_worker": self._next_worker,
+            "rank": self.dataset.rank,
+            "world_size": self.dataset.world_size,
+            "workers_per_rank": self.num_logical,
+            "step": self.step,
+            "pass": self._pass,
+            "pass_first_step": self._first_step,
+            "batch": self._batch,
+            "pass_tokens": self._pass_tokens,
             "workers": self._worker_states,
-            "exhausted": self._exhausted,
+            "skip_steps": self.skip_steps.to_list(),
+            "counters": self._counters.state_dict(),
+            "remaining": self._fractions,
             "skipped": self.skipped(),
         })
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: exactly when the configuration matches, else statistically
-        (``resume_report`` says which, and what was approximated)."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise ResumeMismatchError(f"loader state version {got!r}, this streamforge reads {STATE_VERSION}")
-        missing = [k for k in _STATE_KEYS if k not in state]
-        if missing:
-            raise ResumeMismatchError(f"loader state lacks {missing}")
-        state = copy.deepcopy(state)
-        skipped = state.get("skipped", [])
-        if state["fingerprint"] == self._fingerprint and state["config"] == self._config:
-            self._epoch = int(state["epoch"])
-            self._batches = int(state["batches"])
-            self._next_worker = int(state["next_worker"])
-            self._worker_states = state["workers"]
-            self._exhausted = [bool(x) for x in state["exhausted"]]
-            self.resume_report = ResumeReport(
-                "exact",
-                f"epoch {self._epoch}, after batch {self._batches}: every stage restored from its "
-                "cursor; the next batches are those of the uninterrupted run",
-                skipped=skipped,
-            )
-            return
-        differences = config_differences(state["config"], self._config)
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
+        """Continue from ``state``: exactly when the job matches, else statistically
+        (``resume_report`` says which and what was approximated). ``strict=True`` raises
+        ``ResumeMismatchError`` unless the resume is exact."""
+        state = copy.deepcopy(_check_version(state))
+        self.skip_steps = self.skip_steps | SkipRanges(state["skip_steps"])
+        differences = self._differences(state)
+        if strict and differences:
+            raise ResumeMismatchError("the resume would not be exact: " + "; ".join(differences))
+        self._counters.load_state_dict(state["counters"])
         if not differences:
+            self._load_exact(state)
+        else:
+            self._load_statistical(state, differences)
+
+    def _differences(self, state: dict[str, Any]) -> list[str]:
+        """Why ``state`` cannot resume exactly here (empty: it can); raise for another
+        rank's state on the same job."""
+        differences = config_differences(state["config"], self._config)
+        if not differences and state["fingerprint"] != self._fingerprint:
             differences = [f"fingerprint {state['fingerprint']} != {self._fingerprint}"]
-        states, approximations = statistical_worker_states(self.dataset, state, self.num_logical)
-        self._start_epoch(int(state["epoch"]))
-        self._worker_states = states
+        saved_rank, saved_world = int(state["rank"]), int(state["world_size"])
+        rank, world = self.dataset.rank, self.dataset.world_size
+        if not differences and saved_rank != rank:
+            raise ResumeMismatchError(
+                f"this state belongs to rank {saved_rank} of {saved_world}; it was loaded on rank {rank}: "
+                "each rank loads its own state"
+            )
+        if saved_world != world and rank >= saved_world:
+            differences.append(f"rank {rank} was not in the saved job of {saved_world} ranks: its position is "
+                               f"estimated from rank {saved_rank}'s state")
+        return differences
+
+    def _load_exact(self, state: dict[str, Any]) -> None:
+        self._start_pass(int(state["pass"]), int(state["pass_first_step"]))
+        self._fractions = state.get("remaining")
+        self._batch = int(state["batch"])
+        self._pass_tokens = int(state["pass_tokens"])
+        workers = state["workers"]
+        if len(workers) != self.num_logical:
+            raise ResumeMismatchError(f"loader state has {len(workers)} worker states, this loader {self.num_logical}")
+        if self._fractions is not None:
+            self._plan = self._remaining_plan(self._fractions)
+        steps = self.plan().steps
+        if not self.infinite and not 0 <= self._batch <= steps:
+            raise ResumeMismatchError(f"loader state: batch {self._batch} is outside pass {self._pass} of {steps} steps")
+        self._check_workers(workers)
+        self._worker_states = workers
+        self.resume_report = ResumeReport(
+            "exact",
+            f"step {self.step} (pass {self._pass}, batch {self._batch}): every stage restored from its "
+            "cursor; the next batches are those of the uninterrupted run",
+            skipped=state.get("skipped", []),
+        )
+
+    def _check_workers(self, workers: list) -> None:
+        """Every worker state points into this rank's data (``ResumeMismatchError`` if not)."""
+        for w, worker_state in enumerate(workers):
+            if worker_state is None:
+                continue
+            pipeline = self.dataset.make_pipeline(
+                w, self.num_logical, first_pass=self._pass, quota=self._quotas()[w] if not self.infinite else None,
+                first_step=self.plan().first_step,
+            )
+            try:
+                pipeline.check_state(worker_state)
+            finally:
+                pipeline.close()
+
+    def _load_statistical(self, state: dict[str, Any], differences: list[str]) -> None:
+        positions, notes = stream_positions(self.dataset, state)
+        step = int(state["step"])
+        self._start_pass(int(state["pass"]), step)
+        self._fractions = [f for _, f in positions]
+        self._worker_states = statistical_worker_states(self.dataset, positions, self.num_logical)
+        if not self.infinite:
+            self._plan = self._remaining_plan(self._fractions)
+            notes.append(f"the rest of pass {self._pass} has {self._plan.steps} steps on every rank, "
+                         f"from step {step}")
+        notes.append("mixture counters carry over from the saved rank")
+        log.warning("streamforge: statistical resume at step %d: %s", step, "; ".join(differences))
         self.resume_report = ResumeReport(
             "statistical",
-            "the configuration changed, so the saved cursors cannot be replayed exactly; "
-            "continuing from the same position in each stream's pass with the same mixture",
+            "the saved cursors cannot be replayed exactly here; continuing from the same position "
+            "in each stream's pass with the same mixture and step",
             differences=differences,
-            approximations=approximations,
-            skipped=skipped,
+            approximations=notes,
+            skipped=state.get("skipped", []),
         )
+
+    def _remaining_plan(self, fractions: list[float]) -> PassPlan:
+        plan = self.dataset.planner.pass_plan(
+            self._pass, world_size=self.dataset.world_size, workers_per_rank=self.num_logical,
+            batch_size=self.batch_size, seq_len=self.dataset.config.seq_len,
+            packing=self.dataset.config.packing, eos_appended=self.dataset.eos_appended,
+            first_step=self._first_step, fractions=fractions,
+        )
+        plan.steps = _agree_min(plan.steps, self.device)
+        return plan
+
+    def _quotas(self) -> list[int]:
+        plan = self.plan()
+        return [plan.batches_of(w) for w in range(self.num_logical)]
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Counters summed over this rank's workers (as of the last batch handed out)."""
+        """Plain data: the step and phase, tokens and documents per stream and per phase in
+        the batches handed out, skipped and dropped counts, and storage counters (summed
+        over this rank's workers, as of the last batch handed out)."""
         self._collect_live_stats()
-        total: dict[str, Any] = {"batches": self._batches, "epoch": self._epoch}
+        out = self._counters.report(self.step)
+        out.update({"pass": self._pass, "batch": self._batch, "skip_steps": self.skip_steps.to_list()})
+        if not self.infinite:
+            out["steps_per_pass"] = self.steps_per_pass
+        storage: dict[str, Any] = {}
         for worker_stats in self._stats.values():
-            _accumulate(total, worker_stats)
-        _ratios(total)
-        return total
+            _accumulate(storage, worker_stats)
+        _ratios(storage)
+        for name in self.dataset.stream_names:
+            out["streams"][name].update(storage.pop(name, {}))
+        out.update(storage)
+        return out
 
     def skipped(self) -> list[dict[str, Any]]:
         self._collect_live_stats()
@@ -177,37 +324,57 @@ class StreamingLoader:
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if all(self._exhausted):
-            self._start_epoch(self._epoch + 1)
+        if self._pass_over():
+            self._end_pass()
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
-        for logical, rows, state, stats, skipped in items:
-            batch = self._finish(rows)
+        for logical, step, rows, state, stats, skipped in items:
+            if step != self.step:
+                raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
             self._worker_states[logical] = state
             if stats is not None:  # workers send their counters with every batch
                 self._stats[logical] = stats
                 self._skipped[logical] = skipped
-            self._next_worker = (logical + 1) % self.num_logical
-            self._batches += 1
-            yield batch
-        self._start_epoch(self._epoch + 1)
+            self._batch += 1
+            self._pass_tokens += rows.num_tokens
+            if step in self.skip_steps:
+                self._counters.skip(rows)
+                continue
+            self._counters.add(rows, step)
+            yield self._finish(rows)
+        if not self.infinite:
+            self._end_pass()
+
+    def _job(self, states):
+        plan = None if self.infinite else self.plan()
+        return _Job(
+            self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
+            None if plan is None else self._quotas(), states, self._batch % self.num_logical, self.batch_size,
+        )
+
+    def _remaining(self) -> int | None:
+        return None if self.infinite else self.plan().steps - self._batch
 
     def _in_process(self):
         """Batches built in this process. Counters are read from the live pipeline when asked
         for (``_collect_live_stats``); the state is taken after every batch (under a
         microsecond), so a failure inside a batch never leaks into it."""
-        if self._exhausted[0]:
+        left = self._remaining()
+        if left == 0:
             return
-        pipeline = self.dataset.make_pipeline(0, 1, first_pass=self._epoch)
-        if self._worker_states[0] is not None:
-            pipeline.load_state_dict(self._worker_states[0])
-        self._live = pipeline
+        job = self._job(self._worker_states)
+        quota = None if job.quotas is None else job.quotas[0]
+        pipeline = self.dataset.make_pipeline(0, 1, first_pass=self._pass, quota=quota, first_step=job.first_step)
         try:
-            while True:
+            if self._worker_states[0] is not None:
+                pipeline.load_state_dict(self._worker_states[0])
+            self._live = pipeline
+            while left is None or left > 0:
+                step = pipeline.step
                 rows = pipeline.next_batch(self.batch_size)
                 if rows is None:
-                    self._exhausted[0] = True
-                    return
-                yield 0, rows, pipeline.state_dict(), None, None
+                    raise RuntimeError(f"the pipeline ended at step {step}, before its share of the pass")
+                left = None if left is None else left - 1
+                yield 0, step, rows, pipeline.state_dict(), None, None
         finally:
             self._collect_live_stats()
             self._live = None
@@ -220,9 +387,13 @@ class StreamingLoader:
             self._skipped[0] = pipeline.skipped()
 
     def _from_workers(self):
+        left = self._remaining()
+        if left == 0:
+            return
+        job = self._job(self._worker_states)
         source = _WorkerBatches(
-            self.dataset, self.num_logical, self._epoch, self._worker_states, self._exhausted,
-            self._next_worker, self.batch_size,
+            job.dataset, job.num_logical, job.pass_idx, job.first_step, job.quotas, job.states,
+            job.rotation, job.batch_size,
         )
         loader = DataLoader(
             source, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
@@ -230,13 +401,12 @@ class StreamingLoader:
         )
         iterator = iter(loader)
         try:
-            while not all(self._exhausted):
-                kind, logical, rows, state, stats, skipped = next(iterator)
+            while left is None or left > 0:
+                kind, logical, step, rows, state, stats, skipped = next(iterator)
                 if kind == "end":
-                    self._exhausted[logical] = True
-                    self._next_worker = (logical + 1) % self.num_logical
-                    continue
-                yield logical, rows, state, stats, skipped
+                    raise RuntimeError(f"worker {logical} ended before its share of pass {self._pass}")
+                left = None if left is None else left - 1
+                yield logical, step, rows, state, stats, skipped
         finally:
             iterator._shutdown_workers()
             del iterator
@@ -249,6 +419,42 @@ class StreamingLoader:
         if self.device.type != "cpu":
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return batch
+
+
+class _Job:
+    """What a worker needs to build its share of the pass (pickled to worker processes)."""
+
+    def __init__(self, dataset, num_logical, pass_idx, first_step, quotas, states, rotation, batch_size):
+        self.dataset, self.num_logical, self.pass_idx = dataset, num_logical, pass_idx
+        self.first_step, self.quotas, self.states = first_step, quotas, states
+        self.rotation, self.batch_size = rotation, batch_size
+
+
+def _check_version(state: Any) -> dict[str, Any]:
+    if not isinstance(state, dict):
+        raise ResumeMismatchError(f"loader state must be a dict, got {type(state).__name__}")
+    version = state.get("version")
+    if version != STATE_VERSION:
+        older = isinstance(version, int) and version < STATE_VERSION
+        hint = (" (written before the global step existed: it has no step, rank or plan to resume from; "
+                "start the data order afresh or resume with the streamforge that wrote it)") if older else ""
+        raise ResumeMismatchError(f"loader state version {version!r}, this streamforge reads {STATE_VERSION}{hint}")
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise ResumeMismatchError(f"loader state lacks {missing}")
+    return state
+
+
+def _agree_min(value: int, device: torch.device) -> int:
+    """The minimum of ``value`` over ranks when a process group exists (one all-reduce at
+    resume time, never per step); ``value`` otherwise."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.int64, device=on)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def _accumulate(total: dict[str, Any], part: dict[str, Any]) -> None:

@@ -2,8 +2,14 @@
 
 The loader's state is plain data::
 
-    {"version": 1, "fingerprint": "...", "config": {...}, "epoch": e, "batches": n,
-     "next_worker": k, "workers": [pipeline state or None, ...], "exhausted": [bool, ...]}
+    {"version": 2, "fingerprint": "...", "config": {...},
+     "rank": r, "world_size": R, "workers_per_rank": W,
+     "step": s, "pass": p, "pass_first_step": s0, "batch": i, "pass_tokens": t,
+     "workers": [pipeline state or None, ...], "skip_steps": [[a, b], ...],
+     "counters": {...}, "skipped": [...]}
+
+``step`` is the global step of the next batch; ``batch`` the rank's next local batch in the
+pass (``step = pass_first_step + batch``), which comes from worker ``batch % W``.
 
 ``config`` holds every value exactness depends on (stream names, weights and manifest
 fingerprints; seed; world size R; workers per rank W; seq_len; packing; boundary; shuffle
@@ -18,7 +24,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+STATE_KEYS = (
+    "version", "fingerprint", "config", "rank", "world_size", "workers_per_rank", "step", "pass",
+    "pass_first_step", "batch", "pass_tokens", "workers", "skip_steps", "counters",
+)
 MODES = ("exact", "elastic", "statistical")
 
 

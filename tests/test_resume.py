@@ -70,7 +70,7 @@ def test_state_is_small_and_versioned(corpus):
     state = ldr.state_dict()
     blob = json.dumps(state)
     assert len(blob) < 16_000
-    assert state["version"] == 1 and len(state["fingerprint"]) == 32
+    assert state["version"] == 2 and len(state["fingerprint"]) == 32
     assert state["config"]["workers_per_rank"] == 2 and state["config"]["batch_size"] == 2
 
 

@@ -41,11 +41,11 @@ def test_resume_reads_only_what_the_cursors_point_at(tmp_path):
     no_prefetch = StorageConfig(prefetch_bytes=0)  # count only what the cursors ask for
     first = loader(dataset(corpus, shuffle_buffer=64, storage=no_prefetch), batch_size=4)
     batches = take(first, 1000)  # late in the pass
-    fetched_before = first.stats()["web"]["bytes_fetched"]
+    fetched_before = first.stats()["streams"]["web"]["bytes_fetched"]
     resumed = loader(dataset(corpus, shuffle_buffer=64, storage=no_prefetch), batch_size=4)
     resumed.load_state_dict(first.state_dict())
     take(resumed, 1)
-    fetched_resume = resumed.stats()["web"]["bytes_fetched"]
+    fetched_resume = resumed.stats()["streams"]["web"]["bytes_fetched"]
     assert len(batches) == 1000
     # one shuffle window (64 documents ~ 6.4k tokens) and its frames, not the ~400k tokens before it
     assert fetched_resume < fetched_before / 10, (fetched_resume, fetched_before)

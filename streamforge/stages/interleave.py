@@ -9,6 +9,12 @@ lags by at most the documents the others are ahead by. No coin flips: the schedu
 function of the counters, which are the state.
 
 Streams that run out (finite mode) drop out and the others renormalize automatically.
+
+The weights come from a ``MixtureSchedule`` keyed by the global step: before each batch the
+pipeline calls ``set_step(step)``. Entering a new phase restarts the counters (crediting the
+rest of a document in progress to its stream), so the share bound holds from the phase's
+first step and a newly up-weighted stream does not monopolize batches to catch up on a
+deficit accumulated under the old weights.
 """
 
 from __future__ import annotations
@@ -17,22 +23,40 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import ResumeMismatchError
+from ..schedule import MixtureSchedule
 from .base import check_state
 from .shuffle import ShuffleBuffer
 
-_KEYS = ("emitted", "current", "sources")
+_KEYS = ("emitted", "current", "phase", "sources")
 
 
 class Interleaver:
-    def __init__(self, sources: Sequence[ShuffleBuffer], weights: Sequence[float]) -> None:
-        if len(sources) != len(weights) or not sources:
+    def __init__(self, sources: Sequence[ShuffleBuffer], schedule: MixtureSchedule | Sequence[float]) -> None:
+        if not isinstance(schedule, MixtureSchedule):
+            names = [getattr(s, "stream_key", str(i)) for i, s in enumerate(sources)]
+            schedule = MixtureSchedule.build(names, list(schedule))
+        if len(sources) != len(schedule.names) or not sources:
             raise ValueError("Interleaver needs one weight per source")
         self.sources = list(sources)
-        total = float(sum(weights))
-        self.weights = [float(w) / total for w in weights]
-        self.emitted = [0] * len(sources)
+        self.schedule = schedule
+        self.exhausted = [False] * len(sources)
         self.current = -1  # stream of the document in progress, -1 between documents
-        self.active = [w > 0 for w in self.weights]
+        self._enter_phase(0)
+
+    def _enter_phase(self, phase: int) -> None:
+        self.phase = phase
+        self.weights = list(self.schedule.weights[phase])
+        self.emitted = [0] * len(self.sources)
+        if self.current >= 0:  # the rest of the open document counts to the new phase
+            self.emitted[self.current] = self.sources[self.current].remaining() or 0
+        self.active = [w > 0 and not x for w, x in zip(self.weights, self.exhausted)]
+
+    def set_step(self, step: int) -> None:
+        """The global step of the batch about to be built: switch phase if it starts one."""
+        phase = self.schedule.phase_at(step)
+        if phase != self.phase:
+            self._enter_phase(phase)
 
     def _pick(self) -> int:
         """The stream of the next document, skipping exhausted ones; -1 when all are done."""
@@ -48,6 +72,7 @@ class Interleaver:
             if self.sources[best].remaining() is not None:
                 return best
             self.active[best] = False
+            self.exhausted[best] = True
 
     def next_stream(self) -> int:
         """The stream the next token comes from (committing to a new document if needed)."""
@@ -122,21 +147,49 @@ class Interleaver:
             return None
         return self.sources[stream].peek_token()
 
+    @staticmethod
+    def source_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+        """The per-stream states nested in a saved state."""
+        check_state(state, _KEYS, "Interleaver")
+        return list(state["sources"])
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "emitted": list(self.emitted),
             "current": self.current,
+            "phase": self.phase,
             "sources": [s.state_dict() for s in self.sources],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Validate ``state`` and every stream's nested state (see ``ShuffleBuffer.check_state``)."""
+        self._check_own(state)
+        for source, sub in zip(self.sources, state["sources"]):
+            source.check_state(sub)
+
+    def _check_own(self, state: dict[str, Any]) -> None:
         check_state(state, _KEYS, "Interleaver")
-        if len(state["sources"]) != len(self.sources):
-            raise ValueError(
-                f"Interleaver: state has {len(state['sources'])} streams, this pipeline {len(self.sources)}"
+        n = len(self.sources)
+        if len(state["sources"]) != n or len(state["emitted"]) != n:
+            raise ResumeMismatchError(
+                f"Interleaver: state has {len(state['sources'])} streams, this pipeline {n}"
             )
-        self.emitted = [int(x) for x in state["emitted"]]
-        self.current = int(state["current"])
+        phase, current = int(state["phase"]), int(state["current"])
+        if not 0 <= phase < len(self.schedule.starts):
+            raise ResumeMismatchError(f"Interleaver: phase {phase} is not one of the schedule's {len(self.schedule.starts)}")
+        if not -1 <= current < n:
+            raise ResumeMismatchError(f"Interleaver: current stream {current} is not in -1..{n - 1}")
+        if any(int(x) < 0 for x in state["emitted"]):
+            raise ResumeMismatchError(f"Interleaver: negative emitted tokens {state['emitted']}")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_own(state)
+        n = len(self.sources)
+        phase, current = int(state["phase"]), int(state["current"])
         for source, sub in zip(self.sources, state["sources"]):
             source.load_state_dict(sub)
-        self.active = [w > 0 for w in self.weights]
+        self.current = -1
+        self.exhausted = [False] * n
+        self._enter_phase(phase)
+        self.emitted = [int(x) for x in state["emitted"]]
+        self.current = current

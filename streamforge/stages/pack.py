@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..batch import RowBatch
+from ..errors import ResumeMismatchError
 from .base import check_state
 from .interleave import Interleaver
 
@@ -253,6 +254,18 @@ class Packer:
             return {"source": self.interleaver.state_dict(), "window": None, "rows_emitted": 0}
         return {"source": self._window_start, "window": True, "rows_emitted": self._rows_emitted}
 
+    @staticmethod
+    def source_state(state: dict[str, Any]) -> dict[str, Any]:
+        """The interleaver state nested in a saved state (at the bestfit window start)."""
+        check_state(state, ("source", "window", "rows_emitted"), "Packer")
+        return state["source"]
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        check_state(state, ("source", "window", "rows_emitted"), "Packer")
+        if int(state["rows_emitted"]) < 0:
+            raise ResumeMismatchError(f"Packer: rows_emitted {state['rows_emitted']} is negative")
+        self.interleaver.check_state(state["source"])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, ("source", "window", "rows_emitted"), "Packer")
         self.interleaver.load_state_dict(state["source"])
@@ -260,4 +273,10 @@ class Packer:
         self._rows_emitted = 0
         if state["window"]:
             self._build_window()
-            self._rows_emitted = int(state["rows_emitted"])
+            rows = int(state["rows_emitted"])
+            if not 0 <= rows < len(self._window_rows or ()):
+                raise ResumeMismatchError(
+                    f"Packer: rows_emitted {rows} is outside the saved bestfit window of "
+                    f"{len(self._window_rows or ())} rows"
+                )
+            self._rows_emitted = rows

@@ -8,11 +8,12 @@ caller sees where each pass ends.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from ..errors import ResumeMismatchError
 from ..format.manifest import Manifest
 from ..format.reader import DocBatch, ShardSource
-from ..plan import Range, plan_for_manifest
+from ..plan import Range
 from .base import check_state
 
 _KEYS = ("pass", "range", "offset")
@@ -23,34 +24,20 @@ class ShardReader:
         self,
         source: ShardSource,
         *,
-        seed: int,
+        ranges_for: Callable[[int], list[Range]],
         stream_key: str,
-        global_worker: int,
-        num_global_workers: int,
         infinite: bool,
         first_pass: int = 0,
     ) -> None:
         self.source = source
         self.manifest: Manifest = source.manifest
-        self.seed = seed
+        self.ranges_for = ranges_for  # pass -> this worker's ranges, from the plan
         self.stream_key = stream_key
-        self.global_worker = global_worker
-        self.num_global_workers = num_global_workers
         self.infinite = infinite
         self.first_pass = first_pass
         self._set_cursor(first_pass, 0, 0)
 
     # -- plan ------------------------------------------------------------------------------
-    def ranges_for(self, pass_idx: int) -> list[Range]:
-        plan = plan_for_manifest(
-            self.manifest,
-            seed=self.seed,
-            stream_key=self.stream_key,
-            pass_idx=pass_idx,
-            num_global_workers=self.num_global_workers,
-        )
-        return plan[self.global_worker]
-
     def _set_cursor(self, pass_idx: int, range_idx: int, offset: int) -> None:
         if getattr(self, "pass_idx", None) != pass_idx or not hasattr(self, "ranges"):
             self.ranges = self.ranges_for(pass_idx)
@@ -132,6 +119,36 @@ class ShardReader:
     def state_dict(self) -> dict[str, Any]:
         return {"pass": self.pass_idx, "range": self.range_idx, "offset": self.offset}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
+        """The cursor of ``state``, or ``ResumeMismatchError`` naming what is out of range."""
         check_state(state, _KEYS, "ShardReader")
-        self._set_cursor(int(state["pass"]), int(state["range"]), int(state["offset"]))
+        pass_idx, range_idx, offset = (int(state[k]) for k in _KEYS)
+        where = f"ShardReader({self.stream_key})"
+        if pass_idx < 0:
+            raise ResumeMismatchError(f"{where}: pass {pass_idx} is negative")
+        ranges = self.ranges_for(pass_idx)
+        if not 0 <= range_idx <= len(ranges):
+            raise ResumeMismatchError(
+                f"{where}: range {range_idx} is outside this worker's {len(ranges)} ranges of pass {pass_idx}"
+            )
+        size = ranges[range_idx][2] - ranges[range_idx][1] if range_idx < len(ranges) else 1
+        if not 0 <= offset < size:
+            raise ResumeMismatchError(
+                f"{where}: offset {offset} is outside range {range_idx} ({size} records) of pass {pass_idx}"
+            )
+        return pass_idx, range_idx, offset
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._set_cursor(*self.check_state(state))
+
+    @staticmethod
+    def position(state: dict[str, Any], ranges: list[Range]) -> int:
+        """Records of ``ranges`` before the cursor ``state`` (read from a saved state)."""
+        check_state(state, _KEYS, "ShardReader")
+        done = ranges[: int(state["range"])]
+        return sum(b - a for _, a, b in done) + int(state["offset"])
+
+    def seek(self, pass_idx: int, records: int) -> None:
+        """Put the cursor ``records`` records into this worker's ranges of ``pass_idx``."""
+        self._set_cursor(pass_idx, 0, 0)
+        self.skip(records)

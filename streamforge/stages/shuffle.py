@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShardCorruptError
+from ..errors import ResumeMismatchError, ShardCorruptError
 from ..format.reader import DocBatch
 from ..rng import derive_key, permutation
 from .base import check_state
@@ -111,8 +111,11 @@ class ShuffleBuffer:
         if len(order) == 0:
             self.reader.skip(len(record))
             return False
-        if not 0 <= skip <= len(order):
-            raise ValueError(f"ShuffleBuffer: saved position {skip} outside a window of {len(order)} documents")
+        if not 0 <= skip < len(order):
+            raise ResumeMismatchError(
+                f"ShuffleBuffer({self.stream_key}): saved position {skip} is outside window "
+                f"{self.window_idx} of {len(order)} documents"
+            )
         wanted = order[skip:]
         if skip == 0:
             docs = self.reader.read(self.size)
@@ -266,16 +269,67 @@ class ShuffleBuffer:
             "token_offset": self.token_offset,
         }
 
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise ``ResumeMismatchError`` unless ``state`` points into this worker's data:
+        reader cursor in its ranges, position inside the window, token offset inside the
+        document (reads record indexes only, never tokens; leaves this buffer unusable)."""
+        check_state(state, _KEYS, "ShuffleBuffer")
+        self.reader.load_state_dict(state["reader"])
+        where = f"ShuffleBuffer({self.stream_key})"
+        self.window_idx = int(state["window"])
+        pos, token_offset = int(state["pos"]), int(state["token_offset"])
+        if self.window_idx < 0 or pos < 0 or token_offset < 0:
+            raise ResumeMismatchError(
+                f"{where}: window {self.window_idx}, pos {pos}, token_offset {token_offset}: none may be negative"
+            )
+        if not state["loaded"]:
+            return
+        shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.size))
+        order = _nonempty_order(lengths, self._key())
+        if pos >= len(order):
+            raise ResumeMismatchError(f"{where}: pos {pos} is outside window {self.window_idx} of {len(order)} documents")
+        length = int(lengths[order[pos]]) + (self.eos_id is not None)
+        if token_offset >= length:
+            raise ResumeMismatchError(
+                f"{where}: token_offset {token_offset} is outside document (shard {int(shard[order[pos]])}, "
+                f"record {int(record[order[pos]])}) of {length} tokens"
+            )
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, _KEYS, "ShuffleBuffer")
         self._clear()
         self.reader.load_state_dict(state["reader"])
         self._window_start = self.reader.state_dict()
         self.window_idx = int(state["window"])
+        if self.window_idx < 0:
+            raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): window {self.window_idx} is negative")
         if state["loaded"]:
             if not self._fill(skip=int(state["pos"])):
-                raise ValueError("ShuffleBuffer: the saved window is empty on re-read")
-            self.token_offset = int(state["token_offset"])
+                raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): the saved window is empty on re-read")
+            token_offset = int(state["token_offset"])
+            if self.loaded and not 0 <= token_offset < self.doc_length():
+                raise ResumeMismatchError(
+                    f"ShuffleBuffer({self.stream_key}): token_offset {token_offset} is outside the "
+                    f"current document ({self.doc_length()} tokens) of window {self.window_idx}"
+                )
+            self.token_offset = token_offset
+
+    @staticmethod
+    def position(state: dict[str, Any], ranges_for) -> tuple[int, int]:
+        """(pass, records handed on) of a saved state: the reader cursor at the window start
+        plus the documents of the window already emitted (the window's empty records are not
+        counted there, so this is approximate by at most those)."""
+        check_state(state, _KEYS, "ShuffleBuffer")
+        pass_idx = int(state["reader"]["pass"])
+        records = ShardReader.position(state["reader"], ranges_for(pass_idx))
+        return pass_idx, records + (int(state["pos"]) if state["loaded"] else 0)
+
+    def seek(self, pass_idx: int, records: int) -> None:
+        """Start at a window boundary ``records`` records into this worker's ``pass_idx``."""
+        self._clear()
+        self.reader.seek(pass_idx, records)
+        self._window_start = self.reader.state_dict()
+        self.window_idx = 0
 
     def pending_records(self) -> list[tuple[int, int]]:
         """(shard, record) of documents read from the reader but not yet fully emitted."""

@@ -8,7 +8,7 @@ from fault_proxy import FaultProxy
 from storage_helpers import FAST_RETRY, batches, equal, write_corpus
 from streamforge import PackedTokenDataset, Stream, StreamingLoader
 from streamforge.errors import StorageError
-from streamforge.format.reader import ShardSource
+from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy, StorageConfig
 from streamforge.storage.open import open_url
 
@@ -43,7 +43,7 @@ def test_state_stays_valid_when_retries_run_out(s3_corpus, s3_server):
         state = loader.state_dict()  # the state of the last batch handed out
     finally:
         proxy.stop()
-    assert state["batches"] == len(head) and equal(head, clean[: len(head)])
+    assert state["batch"] == len(head) and equal(head, clean[: len(head)])
     resumed = _loader(url, opts)  # storage is back
     resumed.load_state_dict(state)
     assert resumed.resume_report.mode == "exact"
@@ -66,7 +66,7 @@ def test_skipped_records_are_counted_and_reported(tmp_path, docs):
     loader = _loader(url, None, on_error="skip")
     got = batches(loader)
     lost = index.record_stop(1) - int(index.frames["first_record"][1])
-    assert loader.stats()["web"]["skipped_records"] == lost
+    assert loader.stats()["streams"]["web"]["skipped_records"] == lost
     assert loader.skipped() and loader.skipped()[0]["shard"] == manifest.shard_names[1]
     total = sum(int((b["doc_ids"] >= 0).sum()) for b in got)
     damaged = sum(len(docs[i]) + 1 for i in range(int(manifest.first_records[1]) + int(index.frames["first_record"][1]),

@@ -1,0 +1,86 @@
+"""What a rank's batches held: tokens and documents per stream, per schedule phase.
+
+Counted in the training process from the compact batches (one ``bincount`` each), over the
+batches handed to the caller; batches of skipped steps are counted apart. Plain data in the
+loader state, so a resumed run's counters equal the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .batch import RowBatch
+from .schedule import MixtureSchedule
+from .stages.base import check_state
+
+_KEYS = ("tokens", "documents", "phase_tokens", "skipped_steps", "skipped_tokens", "dropped_tokens")
+
+
+class Counters:
+    def __init__(self, names: Sequence[str], schedule: MixtureSchedule) -> None:
+        self.names = list(names)
+        self.schedule = schedule
+        n = len(self.names)
+        self.tokens = [0] * n
+        self.documents = [0] * n
+        self.phase_tokens = [[0] * n for _ in schedule.starts]
+        self.skipped_steps = 0
+        self.skipped_tokens = 0
+        self.dropped_tokens = 0
+
+    def add(self, rows: RowBatch, step: int) -> None:
+        n = len(self.names)
+        tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)[:n].astype(np.int64)
+        docs = np.bincount(rows.stream[rows.token_start == 0], minlength=n)[:n]
+        phase = self.schedule.phase_at(step)
+        for i in range(n):
+            t = int(tokens[i])
+            self.tokens[i] += t
+            self.documents[i] += int(docs[i])
+            self.phase_tokens[phase][i] += t
+
+    def skip(self, rows: RowBatch) -> None:
+        self.skipped_steps += 1
+        self.skipped_tokens += rows.num_tokens
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _KEYS}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, _KEYS, "Counters")
+        n = len(self.names)
+        if len(state["tokens"]) != n or len(state["phase_tokens"]) != len(self.schedule.starts):
+            return  # other streams or phases: the counters cannot carry over
+        for key in _KEYS:
+            value = state[key]
+            setattr(self, key, [list(map(int, v)) for v in value] if key == "phase_tokens"
+                    else [int(v) for v in value] if isinstance(value, list) else int(value))
+
+    # -- report ----------------------------------------------------------------------------
+    def report(self, step: int) -> dict[str, Any]:
+        phases = []
+        for p, (start, weights) in enumerate(zip(self.schedule.starts, self.schedule.weights)):
+            counts = self.phase_tokens[p]
+            total = sum(counts)
+            phases.append({
+                "phase": p,
+                "first_step": start,
+                "weights": dict(zip(self.names, weights)),
+                "tokens": dict(zip(self.names, counts)),
+                "shares": {k: (c / total if total else 0.0) for k, c in zip(self.names, counts)},
+            })
+        return {
+            "step": step,
+            "phase": self.schedule.phase_at(step),
+            "streams": {
+                name: {"tokens": t, "documents": d}
+                for name, t, d in zip(self.names, self.tokens, self.documents)
+            },
+            "phases": phases,
+            "skipped_steps": self.skipped_steps,
+            "skipped_tokens": self.skipped_tokens,
+            "dropped_tokens": self.dropped_tokens,
+        }

@@ -1,0 +1,146 @@
+"""The planner: a dataset's plans of passes, with the I/O that exact counts need.
+
+``plan.py`` is pure arithmetic; this module feeds it. Ranges are a function of the manifests
+(no I/O, cached per pass). The step count of a pass needs each global worker's exact tokens
+and documents: whole shards take them from the manifest, and a shard cut between workers
+(at most one per cut) takes them from its record index, one small ranged read, fetched in
+parallel and cached. Streams written before the manifest had a ``num_docs`` column have
+their whole shards' indexes read too (their empty records get no EOS, and pad packing
+builds one row per non-empty document).
+
+Every rank computes the same plan from the same bytes, with no communication.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ShardCorruptError
+from .format.manifest import Manifest
+from .plan import PassPlan, Range, build_pass_plan, plan_stream, records_at, trim_ranges
+
+_FETCH_THREADS = 16
+_RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
+
+
+class Planner:
+    def __init__(self, names: Sequence[str], manifests: Sequence[Manifest], *, seed: int, sources=None) -> None:
+        self.names = list(names)
+        self.manifests = list(manifests)
+        self.seed = int(seed)
+        self._sources = sources  # callable: stream index -> ShardSource, for index reads
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ranges: dict[tuple[int, int, int], list[list[Range]]] = {}
+        self._prefix: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_ranges", None)
+        state.pop("_prefix", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- ranges (pure) -----------------------------------------------------------------------
+    def ranges(self, stream: int, pass_idx: int, num_global_workers: int) -> list[list[Range]]:
+        """Every global worker's ranges of ``stream`` in ``pass_idx``."""
+        key = (stream, pass_idx, num_global_workers)
+        cached = self._ranges.get(key)
+        if cached is None:
+            m = self.manifests[stream]
+            cached = plan_stream(
+                m.columns["num_records"], m.columns["num_tokens"], seed=self.seed,
+                stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=num_global_workers,
+            )
+            if len(self._ranges) >= _RANGE_CACHE * len(self.names):
+                self._ranges.pop(next(iter(self._ranges)))
+            self._ranges[key] = cached
+        return cached
+
+    def worker_ranges(self, stream: int, pass_idx: int, num_global_workers: int, global_worker: int) -> list[Range]:
+        return self.ranges(stream, pass_idx, num_global_workers)[global_worker]
+
+    # -- the plan of a pass ------------------------------------------------------------------
+    def pass_plan(
+        self,
+        pass_idx: int,
+        *,
+        world_size: int,
+        workers_per_rank: int,
+        batch_size: int,
+        seq_len: int,
+        packing: str,
+        eos_appended: Sequence[bool],
+        first_step: int = 0,
+        fractions: Sequence[float] | None = None,
+    ) -> PassPlan:
+        """With ``fractions`` (one per stream), the plan of what is left of the pass when
+        every worker has read that fraction of each stream's ranges (statistical resume)."""
+        n = world_size * workers_per_rank
+        per_stream = [self.ranges(s, pass_idx, n) for s in range(len(self.names))]
+        if fractions is not None:
+            per_stream = [
+                [trim_ranges(r, records_at(r, f)) for r in workers] for workers, f in zip(per_stream, fractions)
+            ]
+        self._prefetch_counts(per_stream)
+        return build_pass_plan(
+            per_stream, self.counts, streams=self.names, eos_appended=eos_appended,
+            pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
+            batch_size=batch_size, seq_len=seq_len, packing=packing, first_step=first_step,
+        )
+
+    def counts(self, stream: int, shard: int, start: int, stop: int) -> tuple[int, int]:
+        """(tokens, non-empty documents) of records ``start..stop-1`` of a shard, exactly."""
+        m = self.manifests[stream]
+        whole = start == 0 and stop == int(m.columns["num_records"][shard])
+        if whole and "num_docs" in m.columns:
+            return int(m.columns["num_tokens"][shard]), int(m.columns["num_docs"][shard])
+        tokens, docs = self._prefix_of(stream, shard)
+        return int(tokens[stop] - tokens[start]), int(docs[stop] - docs[start])
+
+    def _needs_index(self, stream: int, shard: int, start: int, stop: int) -> bool:
+        m = self.manifests[stream]
+        whole = start == 0 and stop == int(m.columns["num_records"][shard])
+        return not (whole and "num_docs" in m.columns) and (stream, shard) not in self._prefix
+
+    def _prefetch_counts(self, per_stream: list[list[list[Range]]]) -> None:
+        """Read, in parallel, the record indexes the counts of this plan need."""
+        wanted = sorted({
+            (s, shard)
+            for s, workers in enumerate(per_stream)
+            for ranges in workers
+            for shard, a, b in ranges
+            if self._needs_index(s, shard, a, b)
+        })
+        if not wanted:
+            return
+        with ThreadPoolExecutor(min(_FETCH_THREADS, len(wanted))) as pool:
+            for key, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(*k), wanted)):
+                self._prefix[key] = prefix
+
+    def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (stream, shard)
+        if key not in self._prefix:
+            self._prefix[key] = self._read_prefix(stream, shard)
+        return self._prefix[key]
+
+    def _read_prefix(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._sources is None:
+            raise RuntimeError("this planner has no shard sources to read record indexes from")
+        source = self._sources(stream)
+        try:
+            lengths = source.index(shard).records["num_tokens"].astype(np.int64)
+        except ShardCorruptError:
+            if source.config.on_error != "skip":
+                raise
+            lengths = np.zeros(int(self.manifests[stream].columns["num_records"][shard]), np.int64)
+        tokens = np.concatenate([[0], np.cumsum(lengths)])
+        docs = np.concatenate([[0], np.cumsum(lengths > 0)])
+        return tokens, docs
