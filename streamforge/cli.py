@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="frame codec: zstd (.tar.zst shards) or none (plain .tar shards)")
     conv.add_argument("--workers", type=int, default=1)
     conv.add_argument("--eos-id", type=int)
+    conv.add_argument(
+        "--docs-end-with-eos", choices=("auto", "yes", "no"), default="auto",
+        help="do documents already end with --eos-id? auto (default): yes if every non-empty "
+             "document does, no if none does, an error for a mix; yes: append EOS at conversion "
+             "where missing; no: the pipeline appends EOS to every document",
+    )
     conv.add_argument("--dtype", help="source dtype of raw token files (flat default uint16)")
     conv.add_argument("--token-dtype", choices=["uint16", "uint32"],
                       help="force the shards' token dtype (default: smallest that fits)")
@@ -106,6 +112,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         limit=args.limit,
         vocab_size=args.vocab_size,
         offsets=args.offsets,
+        docs_end_with_eos=args.docs_end_with_eos,
         storage_options=storage_options(args),
         overwrite=args.overwrite,
         frame_size=args.frame_size,
@@ -116,6 +123,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         f"{args.output}: {manifest.num_shards} shards, {manifest.num_records:,} records, "
         f"{manifest.num_tokens:,} tokens ({manifest.token_dtype}), {manifest.num_bytes:,} bytes"
     )
+    print(f"documents end with EOS: {describe_eos(manifest)}")
     return 0
 
 
@@ -135,6 +143,12 @@ def length_histogram(lengths: np.ndarray) -> list[str]:
         bar = "#" * max(1, round(_HIST_WIDTH * count / top))
         lines.append(f"  {lo:>9,}-{hi:<9,} {count:>10,}  {bar}")
     return lines
+
+
+def describe_eos(manifest) -> str:
+    from .convert.eos import describe
+
+    return describe(manifest)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -157,7 +171,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"bytes        {manifest.num_bytes:,} compressed, {raw_bytes:,} tar")
     print(f"compression  {ratio:.2f}x")
     print(f"token dtype  {manifest.token_dtype}")
-    print(f"eos id       {manifest.eos_id}  (documents end with eos: {manifest.docs_end_with_eos})")
+    print(f"eos id       {manifest.eos_id}")
+    print(f"documents end with EOS: {describe_eos(manifest)}")
     print(f"vocab size   {manifest.vocab_size}")
     if len(lengths_all):
         print(

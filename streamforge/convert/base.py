@@ -7,6 +7,11 @@ document is exactly one sequence. With that shape the converter learns, before w
 byte, every document's length (``lengths``), the smallest and largest token id
 (``token_range``, one vectorized pass) and a content fingerprint; workers then read
 contiguous document ranges with one slice each (``read``).
+
+Whether documents already end with the EOS id is read off the document ends alone
+(``ends_with``: one gathered token per document, positions from the sequence table); see
+``eos.py`` for the decision. Documents marked in ``append_eos`` get an EOS appended as they
+are read, and ``lengths`` counts it, so shard boundaries are placed with it.
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ class ArraySource:
         docs_end_with_eos: bool = False,
         params: dict[str, Any] | None = None,
         doc_base: int = 0,
+        append_eos: np.ndarray | None = None,
     ) -> None:
         self.where = where
         self._tokens = tokens
@@ -113,6 +119,8 @@ class ArraySource:
         self.docs_end_with_eos = docs_end_with_eos
         self.params = dict(params or {})
         self.doc_base = doc_base
+        # Documents (of this view) that get ``eos_id`` appended when read; None: none do.
+        self.append_eos = None if append_eos is None else np.asarray(append_eos, dtype=bool)
         gaps = self.seq_starts[1:] != self.seq_starts[:-1] + self.seq_lengths[:-1]
         self.contiguous = not bool(gaps.any())
 
@@ -130,11 +138,41 @@ class ArraySource:
     def num_docs(self) -> int:
         return len(self.doc_seqs) - 1
 
-    def lengths(self) -> np.ndarray:
-        """Tokens per document (int64), from the sequence table alone."""
+    def source_lengths(self) -> np.ndarray:
+        """Tokens per document in the source (int64), from the sequence table alone."""
         cumulative = np.zeros(len(self.seq_lengths) + 1, np.int64)
         np.cumsum(self.seq_lengths, out=cumulative[1:])
         return cumulative[self.doc_seqs[1:]] - cumulative[self.doc_seqs[:-1]]
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per record as written (int64): the source lengths plus appended EOS."""
+        lengths = self.source_lengths()
+        if self.append_eos is not None:
+            lengths = lengths + self.append_eos[: len(lengths)]
+        return lengths
+
+    def ends_with(self, token: int, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
+        """(non-empty, ends with ``token``): two bool arrays over the first ``num_docs`` documents.
+
+        The position of each document's last token follows from the sequence table, so this
+        gathers one token per non-empty document (in increasing file order) and never scans
+        the documents themselves; the work is done in bounded chunks of documents.
+        """
+        cumulative = np.zeros(len(self.seq_lengths) + 1, np.int64)
+        np.cumsum(self.seq_lengths, out=cumulative[1:])
+        doc_ends = cumulative[self.doc_seqs[1 : num_docs + 1]]
+        nonempty = doc_ends > cumulative[self.doc_seqs[:num_docs]]
+        ends = np.zeros(num_docs, bool)
+        tokens = self.tokens
+        for lo in range(0, num_docs, SCAN_CHUNK):
+            chunk = np.flatnonzero(nonempty[lo : lo + SCAN_CHUNK]) + lo
+            if not len(chunk):
+                continue
+            last = doc_ends[chunk] - 1  # index of the last token among all sequences' tokens
+            seq = np.searchsorted(cumulative, last, side="right") - 1
+            where = self.seq_starts[seq] + (last - cumulative[seq])
+            ends[chunk] = np.asarray(tokens[where]).astype(np.int64) == int(token)
+        return nonempty, ends
 
     def _spans(self, first_seq: int, stop_seq: int) -> list[tuple[int, int]]:
         """Token ranges holding sequences ``first_seq..stop_seq-1``, merged when contiguous."""
@@ -159,10 +197,24 @@ class ArraySource:
             flat = tokens[spans[0][0] : spans[0][1]]
         else:
             flat = np.concatenate([tokens[a:b] for a, b in spans] or [tokens[:0]])
-        lengths = self.lengths()[lo_local:hi_local]
+        lengths = self.source_lengths()[lo_local:hi_local]
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
+        if self.append_eos is not None and self.append_eos[lo_local:hi_local].any():
+            flat, offsets = self._with_eos(flat, offsets, self.append_eos[lo_local:hi_local])
         return flat, offsets
+
+    def _with_eos(
+        self, flat: np.ndarray, offsets: np.ndarray, mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``flat`` with ``eos_id`` inserted after each document marked in ``mask``."""
+        eos = int(self.eos_id)
+        dtype = np.result_type(flat.dtype, np.min_scalar_type(eos))
+        # Marked documents are non-empty, so their end offsets are distinct.
+        flat = np.insert(np.asarray(flat).astype(dtype, copy=False), offsets[1:][mask], eos)
+        added = np.zeros(len(offsets), np.int64)
+        np.cumsum(mask, out=added[1:])
+        return flat, offsets + added
 
     def token_range(self, num_docs: int) -> tuple[int, int]:
         """(smallest, largest) token id of the first ``num_docs`` documents; one pass."""
@@ -223,6 +275,11 @@ class ArraySource:
             docs_end_with_eos=self.docs_end_with_eos,
             params=self.params,
             doc_base=lo,
+            append_eos=(
+                None
+                if self.append_eos is None
+                else self.append_eos[lo - self.doc_base : hi - self.doc_base]
+            ),
         )
 
 

@@ -1,8 +1,9 @@
 """Parallel, deterministic conversion of a source corpus into a stream.
 
-1. Open and validate the source: document lengths from its index/offsets, one vectorized
-   min/max pass over the tokens (negative ids, ids over the vocabulary, the token dtype),
-   the content fingerprint. Nothing is written until all of this passed.
+1. Open and validate the source: document lengths from its index/offsets, whether the
+   documents already end with EOS (one gathered token per document, ``eos.decide``), one
+   vectorized min/max pass over the tokens (negative ids, ids over the vocabulary, the token
+   dtype), the content fingerprint. Nothing is written until all of this passed.
 2. Every record's archive size follows from its length (``tar.records_nbytes``), so
    ``writer.cut_points`` places every shard boundary up front.
 3. Contiguous runs of shards go to N worker processes; each reads its documents with one
@@ -42,6 +43,7 @@ from ..format.writer import (
 )
 from ..storage.open import open_url
 from .base import ArraySource
+from .eos import decide
 from .flat import open_flat
 from .jsonl import open_jsonl, open_parquet
 from .megatron import open_megatron
@@ -131,8 +133,17 @@ def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
     return done
 
 
-def check_tokens(source: ArraySource, num_docs: int, vocab_size: int | None, forced: str | None) -> str:
-    """Validate the token ids of the first ``num_docs`` documents; returns the token dtype."""
+def check_tokens(
+    source: ArraySource,
+    num_docs: int,
+    vocab_size: int | None,
+    forced: str | None,
+    appended: int | None = None,
+) -> str:
+    """Validate the token ids of the first ``num_docs`` documents; returns the token dtype.
+
+    ``appended``: a token id the conversion adds (EOS), which the dtype must hold as well.
+    """
     low, high = source.token_range(num_docs)
     if low < 0:
         raise SourceError(f"{source.where}: negative token id {low}")
@@ -140,6 +151,8 @@ def check_tokens(source: ArraySource, num_docs: int, vocab_size: int | None, for
         raise SourceError(f"{source.where}: token id {high} is not below vocab size {vocab_size}")
     if source.eos_id is not None and vocab_size is not None and source.eos_id >= vocab_size:
         raise ConfigError(f"eos id {source.eos_id} is not below vocab size {vocab_size}")
+    if appended is not None:
+        high = max(high, appended)
     chosen = choose_token_dtype(high, vocab_size)
     if forced is None:
         return chosen
@@ -175,6 +188,7 @@ def convert(
     limit: int | None = None,
     vocab_size: int | None = None,
     offsets: str | None = None,
+    docs_end_with_eos: str | bool = "auto",
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     frame_size: int | str = DEFAULT_FRAME_SIZE,
@@ -185,6 +199,13 @@ def convert(
     """Convert the ``fmt`` corpus at ``input`` into a stream at ``output``; returns its manifest.
 
     Record k of the stream is document k of the source (zero-length documents included).
+
+    ``docs_end_with_eos`` (``"auto"``, ``"yes"``, ``"no"``, or a bool): whether the manifest
+    says documents end with ``eos_id``, so that the pipeline appends none. ``"auto"`` checks
+    the document ends: yes if every non-empty document ends with ``eos_id``, no if none does
+    (or no ``eos_id`` is given), and a ``SourceError`` for a mix. ``"yes"`` appends EOS at
+    conversion to the documents that lack it; ``"no"`` leaves the appending to the pipeline.
+    See ``streamforge.convert.eos`` and docs/convert.md.
     """
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
@@ -194,6 +215,8 @@ def convert(
         raise ConfigError(f"limit must be a positive number of documents, got {limit}")
     if vocab_size is not None and vocab_size < 1:
         raise ConfigError(f"vocab size must be positive, got {vocab_size}")
+    if eos_id is not None and int(eos_id) < 0:
+        raise ConfigError(f"eos id must be a non-negative token id, got {eos_id}")
     shard_bytes, frame_bytes = parse_size(shard_size), parse_size(frame_size)
     source = open_source(fmt, input, eos_id=eos_id, dtype=dtype, field=field, offsets=offsets)
     lengths = source.lengths()
@@ -204,8 +227,15 @@ def convert(
         raise SourceError(f"{source.where}: the corpus holds no documents")
     if int(lengths.sum()) == 0:
         raise SourceError(f"{source.where}: the corpus holds {num_docs} documents but no tokens")
-    chosen = check_tokens(source, num_docs, vocab_size, token_dtype)
+    eos = decide(source, num_docs, docs_end_with_eos)
+    if eos.append is not None:
+        source.append_eos = eos.append
+        lengths = source.lengths()[:num_docs]
+    appended = source.eos_id if eos.append is not None else None
+    chosen = check_tokens(source, num_docs, vocab_size, token_dtype, appended)
     fingerprint = source.fingerprint() if limit is None else f"{source.fingerprint()}:{num_docs}"
+    if eos.append is not None:  # the records differ from the source documents
+        fingerprint += f":eos+{eos.record['eos_appended']}"
     itemsize = np.dtype(chosen).itemsize
     doc_starts = cut_points(records_nbytes(lengths, itemsize), shard_bytes)
 
@@ -244,13 +274,14 @@ def convert(
         "compression": compression,
         "limit": limit,
         **source.params,
+        "eos_check": eos.record,
     }
     manifest = build_manifest(
         rows,
         token_dtype=chosen,
         eos_id=source.eos_id,
         vocab_size=vocab_size,
-        docs_end_with_eos=source.docs_end_with_eos,
+        docs_end_with_eos=eos.docs_end_with_eos,
         conversion=conversion,
         source_fingerprint=fingerprint,
         compression=compression,
