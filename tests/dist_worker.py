@@ -2,6 +2,7 @@
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -16,8 +17,30 @@ def build(urls):
     return StreamingLoader(ds, batch_size=2, num_workers=1)
 
 
+def train_one_pass(urls):
+    """The README's loop under DDP: a finite pass, gradients all-reduced at every step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 16), torch.nn.Linear(16, 1000))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    loader = build(urls)
+    steps_before = loader.steps_per_pass
+    n = 0
+    for batch in loader:
+        logits = ddp(batch["input_ids"])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        n += 1
+    done = torch.tensor([n])
+    dist.all_reduce(done)  # every rank reaches this point: nobody is left waiting in a collective
+    return {"batches": n, "steps_per_pass": steps_before, "step": loader.step}
+
+
 def main(out: Path, urls: list[str]) -> None:
-    dist.init_process_group("gloo")
+    # a short collective timeout: a rank left waiting fails fast instead of hanging the test
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     if rank != 0:  # only rank 0 reads manifests; the others get them broadcast
         import streamforge.format.manifest as manifest_module
@@ -44,10 +67,12 @@ def main(out: Path, urls: list[str]) -> None:
     exact = len(tail) == len(batches) - cut and all(
         all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(tail, batches[cut:])
     )
+    trained = train_one_pass(urls)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"records": records, "exact": exact})
+    dist.all_gather_object(gathered, {"records": records, "exact": exact, "trained": trained})
     if rank == 0:
-        result = {"records": [g["records"] for g in gathered], "resume_exact": [g["exact"] for g in gathered]}
+        result = {"records": [g["records"] for g in gathered], "resume_exact": [g["exact"] for g in gathered],
+                  "trained": [g["trained"] for g in gathered]}
         (out / "result.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

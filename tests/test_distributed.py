@@ -74,3 +74,7 @@ def test_torchrun_gloo_two_ranks(corpus, tmp_path):
     assert len(seen) == len(set(seen))
     assert set(seen) <= _all_records(corpus)
     assert result["resume_exact"] == [True, True]
+    # the DDP pass: both ranks took the same number of steps, announced before the first
+    trained = result["trained"]
+    assert trained[0] == trained[1], trained
+    assert trained[0]["batches"] == trained[0]["steps_per_pass"] == trained[0]["step"] > 0

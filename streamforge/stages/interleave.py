@@ -126,6 +126,8 @@ class Interleaver:
         if not others:
             return 1 << 30
         w = self.weights[stream]
+        if w <= 0:  # the rest of a document begun before its stream's weight went to 0
+            return 0
         ratios = [self.emitted[j] / self.weights[j] for j in others]
         threshold = min(ratios)
         first_min = others[ratios.index(threshold)]
