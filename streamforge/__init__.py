@@ -10,8 +10,8 @@ from .errors import (
     StreamforgeError,
 )
 from .format.manifest import Manifest, ShardInfo
-from .format.reader import read_records
 from .format.writer import ShardWriter
+from .source import read_records
 from .dataset import PackedTokenDataset, Stream
 from .loader import StreamingLoader
 from .masks import cu_seqlens, document_block_mask, packed_causal_mask

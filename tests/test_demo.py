@@ -9,7 +9,7 @@ import pytest
 
 import streamforge
 from streamforge.demo import EOS_ID, STREAMS, VOCAB_SIZE, build_corpus, document_lengths, main
-from streamforge.format.reader import read_records
+from streamforge.source import read_records
 
 PIPELINE = all(hasattr(streamforge, name) for name in ("PackedTokenDataset", "Stream", "StreamingLoader"))
 needs_pipeline = pytest.mark.skipif(

@@ -33,8 +33,9 @@ import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
 from streamforge.convert import convert  # noqa: E402
-from streamforge.format.reader import ShardSource, _read_few  # noqa: E402
 from streamforge.format.writer import DEFAULT_FRAME_SIZE  # noqa: E402
+from streamforge.source import ShardSource  # noqa: E402
+from streamforge.source.records import _read_few  # noqa: E402
 
 VOCAB = 50257
 MB = 1e6

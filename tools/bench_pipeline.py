@@ -52,7 +52,7 @@ from tqdm import tqdm  # noqa: E402
 
 from streamforge import PackedTokenDataset, ShardWriter, StreamingLoader  # noqa: E402
 from streamforge.batch import expand  # noqa: E402
-from streamforge.format.reader import ShardSource  # noqa: E402
+from streamforge.source import ShardSource  # noqa: E402
 
 VOCAB = 50257
 EOS = 50256

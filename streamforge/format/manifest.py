@@ -235,3 +235,17 @@ class Manifest:
 
     def token_np_dtype(self) -> np.dtype:
         return np.dtype(self.token_dtype).newbyteorder("<")
+
+
+def check_stream(
+    url: str, storage_options: dict[str, Any] | None = None, policy: RetryPolicy | None = None
+) -> Manifest:
+    """Load the manifest at ``url``, raising a clear ``ManifestError`` for what is wrong.
+
+    Missing bucket, missing manifest, missing or refused credentials, a manifest of another
+    format version: each is named before training starts. Returns the ``Manifest``.
+    """
+    manifest = Manifest.load(url, storage_options, retry=policy or RetryPolicy())
+    if manifest.num_shards == 0:
+        raise ManifestError(f"{url}: the manifest lists no shards")
+    return manifest

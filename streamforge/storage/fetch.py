@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ShardCorruptError
 from .config import RetryPolicy
@@ -126,3 +126,37 @@ class ByteFetcher:
     def size(self, name: str) -> int:
         fs, path = self._open()
         return self.retrier(lambda: fs.size(join(path, name)), f"{self.url}/{name}")
+
+
+def fetch_frames(
+    fetcher: ByteFetcher, cache, name: str, offsets, sizes, first: int, stop: int, *,
+    file_size: int, describe: Callable[[int, int], str], use_cache: bool = True,
+) -> list[tuple[memoryview, bool]]:
+    """Compressed bytes of frames ``first..stop-1`` of file ``name``, frame ``f`` being bytes
+    ``offsets[f]..offsets[f]+sizes[f]``: from ``cache`` (a ``FrameCache`` or None) when it
+    holds them, else one ranged request per run of missing frames, stored in the cache.
+    Returns ``[(buffer, from_cache), ...]``; ``describe(f, g)`` names frames ``f..g-1``."""
+    out: list = [None] * (stop - first)
+    if cache is not None and use_cache:
+        for f in range(first, stop):
+            data = cache.get(name, f, int(sizes[f]))
+            if data is not None:
+                out[f - first] = (memoryview(data), True)
+    f = first
+    while f < stop:
+        if out[f - first] is not None:
+            f += 1
+            continue
+        g = f
+        while g < stop and out[g - first] is None:
+            g += 1
+        lo, hi = int(offsets[f]), int(offsets[g - 1] + sizes[g - 1])
+        blob = memoryview(fetcher.read(name, lo, hi, what=describe(f, g), file_size=file_size))
+        for h in range(f, g):
+            a = int(offsets[h]) - lo
+            piece = blob[a : a + int(sizes[h])]
+            out[h - first] = (piece, False)
+            if cache is not None:
+                cache.put(name, h, piece)
+        f = g
+    return out

@@ -13,7 +13,6 @@ from typing import Any
 
 import fsspec
 
-from ..errors import ManifestError
 from .config import RetryPolicy
 
 
@@ -84,17 +83,3 @@ def describe_missing(fs, path: str, url: str, what: str) -> str:
         if not exists:
             return f"{url}: bucket {bucket!r} does not exist (or this account cannot see it)"
     return f"{url}: no {what} (not a streamforge stream, or its conversion did not finish)"
-
-
-def check_stream(url: str, storage_options: dict[str, Any] | None = None, policy: RetryPolicy | None = None):
-    """Load the manifest at ``url``, raising a clear ``ManifestError`` for what is wrong.
-
-    Missing bucket, missing manifest, missing or refused credentials, a manifest of another
-    format version: each is named before training starts. Returns the ``Manifest``.
-    """
-    from ..format.manifest import Manifest
-
-    manifest = Manifest.load(url, storage_options, retry=policy or RetryPolicy())
-    if manifest.num_shards == 0:
-        raise ManifestError(f"{url}: the manifest lists no shards")
-    return manifest

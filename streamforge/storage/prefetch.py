@@ -229,3 +229,19 @@ class Prefetcher:
                     if current and e.pos < self._reader_pos:
                         self._release(self._entries.pop(k))
                 self._cond.notify_all()
+
+
+def group_frames(
+    range_idx: int, shard: int, first: int, stop: int, comp_sizes, raw_sizes, cap: int
+) -> Iterator[FetchUnit]:
+    """Frames ``first..stop-1`` of ``shard`` as units of consecutive frames, each at most
+    ``cap`` compressed bytes (a larger frame is a unit alone). A unit is held compressed and
+    decoded, so its ``nbytes`` counts both against the budget."""
+    f = first
+    while f < stop:
+        g, nbytes = f, 0
+        while g < stop and (g == f or nbytes + int(comp_sizes[g]) <= cap):
+            nbytes += int(comp_sizes[g])
+            g += 1
+        yield FetchUnit(range_idx, shard, f, g, nbytes + int(raw_sizes[f:g].sum()))
+        f = g

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 
 from streamforge.format.manifest import Manifest
-from streamforge.format.reader import read_records
+from streamforge.source import read_records
 
 MEGATRON_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint16": 8}
 

@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from streamforge.format.reader import read_records
 from streamforge.format.writer import ShardWriter
+from streamforge.source import read_records
 
 ZSTD_CLI = shutil.which("zstd")
 needs_zstd_cli = pytest.mark.skipif(

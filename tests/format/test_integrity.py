@@ -9,7 +9,7 @@ import pytest
 
 from format_helpers import shard_path, write_stream
 from streamforge.errors import ShardCorruptError
-from streamforge.format.reader import ShardSource, read_records
+from streamforge.source import ShardSource, read_records
 
 
 def _flip(path, offset):

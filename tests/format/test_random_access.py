@@ -4,7 +4,8 @@ import numpy as np
 
 from streamforge import ShardWriter, read_records
 from streamforge.format.frames import RECORD_DTYPE, frame_table_bytes
-from streamforge.format.reader import ShardSource, _read_few
+from streamforge.source import ShardSource
+from streamforge.source.records import _read_few
 
 
 def test_one_record_costs_about_one_frame(tmp_path, rng):

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from format_helpers import same_docs, write_stream
-from streamforge.format.reader import ShardSource, read_records
 from streamforge.format.writer import encode_meta
+from streamforge.source import ShardSource, read_records
 
 # Each example writes a real stream to disk: ~10 ms; 100 examples keep the file under 5 s.
 SETTINGS = settings(

@@ -1,8 +1,8 @@
 import numpy as np
 
 from streamforge.format.manifest import Manifest
-from streamforge.format.reader import read_records
 from streamforge.format.writer import ShardWriter
+from streamforge.source import read_records
 
 
 def test_write_and_read_through_s3(s3_bucket, rng):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamforge.format.reader import ShardSource
 from streamforge.format.writer import ShardWriter
+from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy, StorageConfig
 
 FAST_RETRY = RetryPolicy(attempts=8, backoff_base=0.01, backoff_max=0.05, timeout=1.0, jitter=0.5)

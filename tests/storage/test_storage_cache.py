@@ -7,7 +7,7 @@ import os
 import time
 
 from storage_helpers import config, read_all, same, tokens_of
-from streamforge.format.reader import ShardSource
+from streamforge.source import ShardSource
 from streamforge.storage.cache import FrameCache
 
 

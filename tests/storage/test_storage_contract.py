@@ -10,10 +10,10 @@ import pytest
 
 from storage_helpers import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ManifestError
-from streamforge.format.manifest import MANIFEST_NAME, Manifest
-from streamforge.format.reader import ShardSource, read_records
+from streamforge.format.manifest import MANIFEST_NAME, Manifest, check_stream
+from streamforge.source import ShardSource, read_records
 from streamforge.storage.config import RetryPolicy, StorageConfig
-from streamforge.storage.open import check_stream, open_url
+from streamforge.storage.open import open_url
 
 
 @pytest.mark.parametrize("prefetch", [0, 64 << 10])

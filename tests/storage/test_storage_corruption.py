@@ -9,7 +9,7 @@ import pytest
 from storage_helpers import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ShardCorruptError
 from streamforge.format.manifest import MANIFEST_NAME
-from streamforge.format.reader import ShardSource
+from streamforge.source import ShardSource
 from streamforge.storage.open import open_url
 
 

@@ -10,7 +10,7 @@ import pytest
 from fault_proxy import FaultProxy
 from storage_helpers import config, read_all, same, tokens_of
 from streamforge.errors import ManifestError, ShardCorruptError, StorageError
-from streamforge.format.reader import ShardSource
+from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy
 from streamforge.storage.retry import Retrier, ShortRead, is_transient
 

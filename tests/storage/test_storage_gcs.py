@@ -16,10 +16,10 @@ from gcs_server import gcs_server  # noqa: F401  (fixture)
 from storage_helpers import FAST_RETRY, batches, config, equal, read_all, same, tokens_of, write_corpus
 from streamforge import PackedTokenDataset, ShardWriter, Stream, StreamingLoader
 from streamforge.errors import ManifestError
-from streamforge.format.manifest import Manifest
-from streamforge.format.reader import ShardSource
+from streamforge.format.manifest import Manifest, check_stream
+from streamforge.source import ShardSource
 from streamforge.storage.config import StorageConfig
-from streamforge.storage.open import check_stream, open_url
+from streamforge.storage.open import open_url
 from test_storage_contract import (  # noqa: F401  (collected again, against GCS)
     test_full_stream_equals_written_docs,
     test_manifest_load_is_one_request,

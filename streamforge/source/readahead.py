@@ -1,0 +1,126 @@
+"""The reader's announced plan of record ranges, and the ``Prefetcher`` fetching it ahead.
+
+``ShardSource.plan_reads`` hands over the ``(shard, start, stop)`` ranges it will read, in
+order. ``ReadAhead`` turns them into fetch units (consecutive frames up to ``request_bytes``;
+a frame shared by two neighbouring ranges is planned once), fetches and decodes them on the
+prefetch threads, and gives each frame back to the read that asks for it, matched by its
+position in the plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+import zstandard
+
+from ..format.frames import ShardIndex, decode_frame
+from ..storage.prefetch import FetchUnit, Prefetcher, group_frames
+
+if TYPE_CHECKING:
+    from .shard_source import ShardSource
+
+
+class ReadAhead:
+    """Plan and prefetch for one ``ShardSource``; created afresh in each reading process."""
+
+    def __init__(self, source: ShardSource) -> None:
+        self.source = source
+        self.prefetcher: Prefetcher | None = None
+        self._plan: list[tuple[int, int, int]] = []
+        self._plan_by_shard: dict[int, list[int]] = {}
+        self._plan_cursor = 0
+        self._thread_local = threading.local()
+
+    def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
+        """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
+        self._plan = [(int(s), int(a), int(b)) for s, a, b in ranges]
+        self._plan_by_shard = {}
+        for i, (s, _, _) in enumerate(self._plan):
+            self._plan_by_shard.setdefault(s, []).append(i)
+        self._plan_cursor = 0
+        config = self.source.config
+        if config.prefetch_bytes <= 0:
+            return
+        if self.prefetcher is None:
+            self.prefetcher = Prefetcher(self._fetch_unit, config.prefetch_bytes, config.prefetch_threads)
+        self.prefetcher.plan(self._units(list(self._plan)))
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
+
+    def take(self, shard: int, start: int, frames: list[int], index: ShardIndex) -> list:
+        """The prefetched ``(buffer, from_cache, raw)`` of each of ``frames`` (in order) of a read
+        of ``shard`` from record ``start``; None for a frame not prefetched."""
+        pf = self.prefetcher
+        j = self._plan_pos(shard, start) if pf is not None else None
+        if j is None:
+            return [None] * len(frames)
+        out = []
+        for f in frames:
+            rec = max(start, int(index.frames["first_record"][f]))
+            while (j + 1 < len(self._plan) and self._plan[j][2] <= rec
+                   and self._plan[j + 1][0] == shard):
+                j += 1
+            out.append(pf.take((shard, f), (j, f)))
+        return out
+
+    def _units(self, plan: list[tuple[int, int, int]]) -> Iterator[FetchUnit]:
+        config = self.source.config
+        cap = max(1, min(config.request_bytes, config.prefetch_bytes // 2))
+        last = None
+        for i, (shard, start, stop) in enumerate(plan):
+            if stop <= start:
+                continue
+            try:
+                index = self.source.index(shard)
+            except Exception:  # noqa: BLE001 - the read of this range raises it with context
+                continue
+            stop = min(stop, index.num_records)
+            if start >= stop:
+                continue
+            first = int(index.frame_of_record(start))
+            end = int(index.frame_of_record(stop - 1)) + 1
+            if last == (shard, first):
+                first += 1  # planned already as the previous range's last frame
+            frames = index.frames
+            yield from group_frames(i, shard, first, end, frames["comp_size"], frames["raw_size"], cap)
+            last = (shard, end - 1)
+
+    def _fetch_unit(self, unit: FetchUnit) -> list:
+        """Fetch a planned unit and decompress its frames on the fetch thread: zstd releases
+        the GIL, so decoding overlaps the reader's work even without worker processes. A frame
+        that fails to decode here is handed over compressed and fails again, with the reader's
+        error policy, in ``ShardSource._decode``."""
+        source = self.source
+        index = source.index(unit.shard)
+        got = source._fetch_frames(unit.shard, unit.first, unit.stop, index)
+        local = self._thread_local
+        decompressor = getattr(local, "decompressor", None)
+        if decompressor is None:
+            decompressor = local.decompressor = zstandard.ZstdDecompressor()
+        out = []
+        codec = source.manifest.compression
+        for f, (buf, from_cache) in zip(range(unit.first, unit.stop), got):
+            try:
+                raw = decode_frame(codec, buf, int(index.frames["raw_size"][f]), decompressor)
+            except (zstandard.ZstdError, ValueError):
+                raw = None
+            out.append((buf, from_cache, raw))
+        return out
+
+    def _plan_pos(self, shard: int, start: int) -> int | None:
+        """Index of the planned range holding record ``start`` of ``shard`` (searching forward)."""
+        idxs = self._plan_by_shard.get(shard)
+        if not idxs:
+            return None
+        k = bisect.bisect_left(idxs, self._plan_cursor)
+        for j in idxs[k:] + idxs[:k]:
+            _, a, b = self._plan[j]
+            if a <= start < b:
+                self._plan_cursor = j
+                return j
+        return None

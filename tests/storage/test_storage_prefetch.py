@@ -1,0 +1,33 @@
+"""Fetch units: how planned frames are grouped into requests (no files, no threads)."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streamforge.storage.prefetch import FetchUnit, group_frames
+
+
+def test_units_fill_up_to_the_cap_and_a_large_frame_stands_alone():
+    comp = np.array([4, 4, 4, 20, 4])
+    raw = comp * 3
+    units = list(group_frames(7, 2, 0, 5, comp, raw, cap=10))
+    assert [(u.first, u.stop) for u in units] == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert units[0] == FetchUnit(7, 2, 0, 2, 8 + 24)  # compressed plus decoded bytes
+    assert all(u.range_idx == 7 and u.shard == 2 for u in units)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30),
+    cap=st.integers(1, 120),
+    data=st.data(),
+)
+def test_units_cover_the_frames_once_in_order(sizes, cap, data):
+    comp = np.array(sizes)
+    first = data.draw(st.integers(0, len(sizes)))
+    stop = data.draw(st.integers(first, len(sizes)))
+    units = list(group_frames(0, 0, first, stop, comp, comp, cap))
+    covered = [f for u in units for f in range(u.first, u.stop)]
+    assert covered == list(range(first, stop))
+    for u in units:
+        assert u.stop - u.first == 1 or comp[u.first : u.stop].sum() <= cap
+        assert u.nbytes == 2 * comp[u.first : u.stop].sum()
