@@ -169,7 +169,8 @@ class StreamingLoader:
         self._start_pass(self._pass + 1, self._first_step + plan.steps)
 
     def _pass_over(self) -> bool:
-        return not self.infinite and self._batch >= self.plan().steps
+        """All of the pass's steps were handed out (an empty pass is over once iterated)."""
+        return not self.infinite and 0 < self._batch and self._batch >= self.plan().steps
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
