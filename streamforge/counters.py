@@ -23,23 +23,37 @@ class Counters:
         self.names = list(names)
         self.schedule = schedule
         n = len(self.names)
-        self.tokens = [0] * n
-        self.documents = [0] * n
-        self.phase_tokens = [[0] * n for _ in schedule.starts]
+        # float64 sums of integers: exact below 2**53 tokens, and one vector add per batch
+        self._tokens = np.zeros(n)
+        self._documents = np.zeros(n)
+        self._phase_tokens = np.zeros((len(schedule.starts), n))
         self.skipped_steps = 0
         self.skipped_tokens = 0
         self.dropped_tokens = 0
 
+    @property
+    def tokens(self) -> list[int]:
+        return [int(x) for x in self._tokens]
+
+    @property
+    def documents(self) -> list[int]:
+        return [int(x) for x in self._documents]
+
+    @property
+    def phase_tokens(self) -> list[list[int]]:
+        return [[int(x) for x in row] for row in self._phase_tokens]
+
     def add(self, rows: RowBatch, step: int) -> None:
         n = len(self.names)
-        tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)[:n].astype(np.int64)
-        docs = np.bincount(rows.stream[rows.token_start == 0], minlength=n)[:n]
-        phase = self.schedule.phase_at(step)
-        for i in range(n):
-            t = int(tokens[i])
-            self.tokens[i] += t
-            self.documents[i] += int(docs[i])
-            self.phase_tokens[phase][i] += t
+        starts = rows.token_start == 0
+        if n == 1:  # one stream: two sums, no bincount
+            tokens = float(rows.length.sum())
+            self._documents[0] += np.count_nonzero(starts)
+        else:
+            tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)
+            self._documents += np.bincount(rows.stream[starts], minlength=n)
+        self._tokens += tokens
+        self._phase_tokens[self.schedule.phase_at(step)] += tokens
 
     def skip(self, rows: RowBatch) -> None:
         self.skipped_steps += 1
@@ -54,10 +68,11 @@ class Counters:
         n = len(self.names)
         if len(state["tokens"]) != n or len(state["phase_tokens"]) != len(self.schedule.starts):
             return  # other streams or phases: the counters cannot carry over
-        for key in _KEYS:
-            value = state[key]
-            setattr(self, key, [list(map(int, v)) for v in value] if key == "phase_tokens"
-                    else [int(v) for v in value] if isinstance(value, list) else int(value))
+        self._tokens = np.array(state["tokens"], np.float64)
+        self._documents = np.array(state["documents"], np.float64)
+        self._phase_tokens = np.array(state["phase_tokens"], np.float64).reshape(len(self.schedule.starts), n)
+        for key in ("skipped_steps", "skipped_tokens", "dropped_tokens"):
+            setattr(self, key, int(state[key]))
 
     # -- report ----------------------------------------------------------------------------
     def report(self, step: int) -> dict[str, Any]:

@@ -69,6 +69,7 @@ def one_pass(tree: str, url: str, workers: int) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rev", default="HEAD~1", help="the commit to compare with (default %(default)s)")
+    p.add_argument("--this", default=None, help="measure this commit instead of the working tree")
     p.add_argument("--tokens", type=float, default=50e6, help="corpus size (default 50e6)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
@@ -85,6 +86,9 @@ def main(argv=None) -> None:
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "streamforge"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip())
     trees = {"this": ROOT, "other": other}
+    if args.this:
+        trees["this"], head = extract(args.this, os.path.join(ROOT, "bench-out", "against"))
+        dirty = False
     rates: dict[tuple[str, int], list[float]] = {}
     for workers in args.workers:  # one uncounted warm-up pass per tree (page cache, imports)
         for tree in trees.values():
@@ -104,7 +108,7 @@ def main(argv=None) -> None:
     text = "\n".join([
         f"## This tree against `{sha}` (`tools/bench_against.py`)",
         "",
-        f"`python tools/bench_against.py --rev {args.rev}`, {datetime.date.today()}, {platform.machine()} with "
+        f"`python tools/bench_against.py --rev {args.rev}{f' --this {args.this}' if args.this else ''}`, {datetime.date.today()}, {platform.machine()} with "
         f"{os.cpu_count()} CPUs (shared), Python {platform.python_version()}. Corpus: the pipeline benchmark's "
         f"({meta['tokens']:,} tokens, {meta['documents']:,} documents); one pass of 8x2048 batches per run, "
         f"fresh process per run, trees alternated; medians of {args.repeats}.",
