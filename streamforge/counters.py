@@ -43,21 +43,23 @@ class Counters:
     def phase_tokens(self) -> list[list[int]]:
         return [[int(x) for x in row] for row in self._phase_tokens]
 
-    def add(self, rows: RowBatch, step: int) -> None:
+    def add(self, rows: RowBatch, step: int, num_tokens: int) -> None:
         n = len(self.names)
         starts = rows.token_start == 0
-        if n == 1:  # one stream: two sums, no bincount
-            tokens = float(rows.length.sum())
+        if n == 1:  # one stream: no bincount
+            tokens = num_tokens
             self._documents[0] += np.count_nonzero(starts)
         else:
             tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)
             self._documents += np.bincount(rows.stream[starts], minlength=n)
         self._tokens += tokens
-        self._phase_tokens[self.schedule.phase_at(step)] += tokens
+        starts_at = self.schedule.starts
+        phase = 0 if len(starts_at) == 1 else self.schedule.phase_at(step)
+        self._phase_tokens[phase] += tokens
 
-    def skip(self, rows: RowBatch) -> None:
+    def skip(self, num_tokens: int) -> None:
         self.skipped_steps += 1
-        self.skipped_tokens += rows.num_tokens
+        self.skipped_tokens += num_tokens
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -325,7 +325,7 @@ class WorkerPipeline:
         shape, counted in ``stats()["padded_rows"]``, so every rank still has every step."""
         if self.quota is not None and self.batches >= self.quota:
             return None
-        self.interleaver.set_step(self.step)
+        self.interleaver.set_step(self.first_step + self.batches * self.num_workers + self.worker)
         rows = self.packer.next_rows(num_rows)
         if self.quota is not None:
             got = 0 if rows is None else rows.num_rows

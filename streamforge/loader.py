@@ -328,19 +328,21 @@ class StreamingLoader:
         if self._pass_over():
             self._end_pass()
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
+        skips = self.skip_steps if self.skip_steps else None
         for logical, step, rows, state, stats, skipped in items:
-            if step != self.step:
+            if step != self._first_step + self._batch:
                 raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
             self._worker_states[logical] = state
             if stats is not None:  # workers send their counters with every batch
                 self._stats[logical] = stats
                 self._skipped[logical] = skipped
             self._batch += 1
-            self._pass_tokens += rows.num_tokens
-            if step in self.skip_steps:
-                self._counters.skip(rows)
+            num_tokens = int(rows.length.sum())
+            self._pass_tokens += num_tokens
+            if skips is not None and step in skips:
+                self._counters.skip(num_tokens)
                 continue
-            self._counters.add(rows, step)
+            self._counters.add(rows, step, num_tokens)
             yield self._finish(rows)
         if not self.infinite:
             self._end_pass()

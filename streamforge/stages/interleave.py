@@ -54,6 +54,9 @@ class Interleaver:
 
     def set_step(self, step: int) -> None:
         """The global step of the batch about to be built: switch phase if it starts one."""
+        starts = self.schedule.starts
+        if starts[self.phase] <= step and (self.phase + 1 == len(starts) or step < starts[self.phase + 1]):
+            return  # the usual case: still in the same phase
         phase = self.schedule.phase_at(step)
         if phase != self.phase:
             self._enter_phase(phase)
