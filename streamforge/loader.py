@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .batch import RowBatch, expand
 from .counters import Counters
 from .dataset import PackedTokenDataset
+from .device import DeviceFeed, check_depth, default_device
 from .errors import ConfigError, ResumeMismatchError
 from .plan import PassPlan
 from .resume import statistical_worker_states, stream_positions
@@ -86,6 +87,10 @@ class StreamingLoader:
     """Iterable of batches (dicts of tensors) on the job clock, with exact
     ``state_dict``/``load_state_dict``.
 
+    ``device`` (default: the rank's CUDA device, else the CPU) is where batches arrive;
+    ``device_prefetch`` batches (default 2 on CUDA, 0 elsewhere) are expanded, pinned and
+    copied ahead on a background thread (``device.DeviceFeed``).
+
     ``skip_steps=[(start, end), ...]`` drops the batches of those global steps (end
     exclusive), e.g. to jump over a loss spike; it can be given when resuming.
     """
@@ -99,6 +104,7 @@ class StreamingLoader:
         prefetch_factor: int = 2,
         pin_memory: bool | None = None,
         device: torch.device | str | None = None,
+        device_prefetch: int | None = None,
         multiprocessing_context: str | None = None,
         skip_steps: Any = None,
     ) -> None:
@@ -112,9 +118,8 @@ class StreamingLoader:
         self.num_logical = max(self.num_workers, 1)
         self.prefetch_factor = prefetch_factor
         self.multiprocessing_context = multiprocessing_context
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.device = torch.device(device)
+        self.device = default_device() if device is None else torch.device(device)
+        self.device_prefetch = check_depth(device_prefetch, self.device)  # batches in flight (device.py)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
         self.skip_steps = SkipRanges(skip_steps)
         self.resume_report: ResumeReport | None = None
@@ -329,7 +334,8 @@ class StreamingLoader:
             self._end_pass()
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
         skips = self.skip_steps if self.skip_steps else None
-        for logical, step, rows, state, stats, skipped in items:
+        feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
+        for logical, step, rows, state, stats, skipped in feed.items(items):
             if step != self._first_step + self._batch:
                 raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
             self._worker_states[logical] = state
@@ -343,7 +349,7 @@ class StreamingLoader:
                 self._counters.skip(num_tokens)
                 continue
             self._counters.add(rows, step, num_tokens)
-            yield self._finish(rows)
+            yield feed.hand_out()  # the state above is this batch's: committed as it is handed out
         if not self.infinite:
             self._end_pass()
 
