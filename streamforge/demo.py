@@ -1,31 +1,34 @@
-"""``streamforge demo``: build a small three-stream corpus, stream packed blocks, resume exactly.
+"""``streamforge demo``: the whole job on data it makes itself. Train, checkpoint, resume in a
+new process, and land on the same loss curve, bit for bit.
 
-The demo runs the whole path on data it makes itself, so it needs no bucket and no download:
+1. Corpus (``./demo-out/``, 3M tokens by default, about 1 s; reused by the next run with the
+   same parameters). Three streams of synthetic documents over a 512-token vocabulary (EOS
+   511), written with ``ShardWriter``. Each document is an arithmetic sequence
+   ``(start + stride * i) mod 511`` with some tokens replaced by Zipf-distributed noise. The
+   streams differ in document length, strides and noise, so they differ in how well a model
+   can predict them. With ``--s3`` the shards are served by a loopback S3 server (moto) that
+   the demo starts and stops.
 
-1. Corpus (``./demo-out/``, 8M tokens by default; about 2 s on one core, reused by the next
-   run with the same parameters). Three streams of synthetic tokenized documents over a
-   50,257-token vocabulary (ids 0..50255, EOS 50256), written with ``ShardWriter`` into
-   several shards each:
+   ======  =========================  =======  =====  ===================
+   stream  document length (tokens)   strides  noise  weights (phase 0/1)
+   ======  =========================  =======  =====  ===================
+   web     lognormal, median ~200     1, 2     35%    0.6 / 0.2
+   code    lognormal, median ~600     1,3,5,7  5%     0.3 / 0.3
+   books   lognormal, median ~3,000   1        15%    0.1 / 0.5
+   ======  =========================  =======  =====  ===================
 
-   ======  ===============================  ==============
-   stream  document length (tokens)         share / weight
-   ======  ===============================  ==============
-   web     lognormal, median ~600           60% / 0.6
-   code    lognormal, median ~1,800         30% / 0.3
-   books   lognormal, median ~30,000        10% / 0.1
-   ======  ===============================  ==============
+2. Reference run: a tiny causal transformer (``demo_train.py``) trains ``--steps`` steps on
+   packed batches with document masking. The mixture schedule switches weights at
+   ``--switch-at``. After ``--checkpoint-at`` steps the model, the optimizer and the loader
+   state go to a checkpoint; training continues to the end.
+3. Resumed run: a new process loads the checkpoint and trains to the end.
+4. The resumed losses must equal the reference's from the checkpoint on, bit for bit (and the
+   realized mixture per phase too). The report gives tokens/s, the mixture shares per stream
+   and phase (``loader.stats()["phases"]``), the resume path and latency, and a PNG of both
+   loss curves and the mixture.
 
-   Token ids follow a Zipf-like law, as tokenized text roughly does.
-2. Stream: ``PackedTokenDataset`` (concat packing, seq_len 2048, seeded shuffle) driven by a
-   ``StreamingLoader`` for one pass, with a progress bar; then a summary of throughput and
-   of the realized mixture.
-3. Exact resume: the loader state saved after batch ``--resume-at`` (as JSON, in the output
-   directory) is loaded into a fresh loader, whose next batches must equal the uninterrupted
-   run's bit for bit.
-
-Run it as ``streamforge demo`` or ``python -m streamforge.demo``; ``--help`` lists options.
-Measured on one core: the default run takes a few seconds, most of them building the corpus;
-streaming runs at tens of millions of tokens/s from local disk in one process.
+Measured on 2 CPU cores (defaults: 300 steps of 8 x 256 tokens): about 40 s in all.
+``STREAMFORGE_NO_PROGRESS=1`` hides the progress bars.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,26 +50,29 @@ from .errors import ManifestError
 from .format.manifest import Manifest
 from .format.writer import ShardWriter, parse_size
 
-VOCAB_SIZE = 50257
-EOS_ID = 50256
-DEFAULT_TOKENS = 8_000_000
+VOCAB_SIZE = 512
+EOS_ID = 511
+DEFAULT_TOKENS = 3_000_000
+RESULTS = ("reference.json", "resumed.json")
 
 
 @dataclass(frozen=True)
 class StreamSpec:
-    """How one synthetic stream is made: its share of the corpus and its document lengths."""
+    """How one synthetic stream is made: its share of the corpus, document lengths, content."""
 
     name: str
-    weight: float
+    weight: float  # phase 0, and the stream's share of the corpus
+    late_weight: float  # from --switch-at on
     median_len: int
     sigma: float  # of log(length)
-    meta: bool  # write a small .json member per document
+    strides: tuple[int, ...]
+    noise: float  # probability that a token is replaced by a Zipf draw
 
 
 STREAMS = (
-    StreamSpec("web", 0.6, 600, 1.0, meta=True),
-    StreamSpec("code", 0.3, 1800, 0.9, meta=False),
-    StreamSpec("books", 0.1, 30000, 0.5, meta=False),
+    StreamSpec("web", 0.6, 0.2, 200, 1.0, (1, 2), 0.35),
+    StreamSpec("code", 0.3, 0.3, 600, 0.8, (1, 3, 5, 7), 0.05),
+    StreamSpec("books", 0.1, 0.5, 3000, 0.5, (1,), 0.15),
 )
 
 
@@ -89,9 +96,23 @@ def document_lengths(spec: StreamSpec, num_tokens: int, rng: np.random.Generator
     return lengths[:count]
 
 
+def document_tokens(spec: StreamSpec, lengths: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """All documents' tokens, concatenated: arithmetic sequences mod EOS_ID, plus noise."""
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    offset = np.arange(int(lengths.sum())) - starts[doc]
+    first = rng.integers(0, EOS_ID, size=len(lengths))
+    stride = rng.choice(np.asarray(spec.strides), size=len(lengths))
+    tokens = (first[doc] + stride[doc] * offset) % EOS_ID
+    cdf, token_of_rank = zipf_table(EOS_ID, rng)
+    noisy = rng.random(len(tokens)) < spec.noise
+    tokens[noisy] = token_of_rank[np.searchsorted(cdf, rng.random(int(noisy.sum())))]
+    return tokens.astype(np.uint16)
+
+
 def build_stream(spec: StreamSpec, url: str, num_tokens: int, seed: int) -> Manifest:
     """Write one synthetic stream; an existing one made with the same parameters is reused."""
-    fingerprint = f"streamforge-demo:{spec.name}:{num_tokens}:{seed}"
+    fingerprint = f"streamforge-demo-v2:{spec}:{num_tokens}:{seed}"
     try:
         existing = Manifest.load(url)
         if existing.source_fingerprint == fingerprint:
@@ -100,10 +121,8 @@ def build_stream(spec: StreamSpec, url: str, num_tokens: int, seed: int) -> Mani
         pass
     rng = np.random.default_rng([seed, STREAMS.index(spec)])
     lengths = document_lengths(spec, num_tokens, rng)
-    cdf, token_of_rank = zipf_table(EOS_ID, rng)
-    tokens = token_of_rank[np.searchsorted(cdf, rng.random(int(lengths.sum())))]
-    stream_bytes = int(lengths.sum()) * 2
-    shard_size = max(16 << 10, stream_bytes // 6)  # about six shards a stream
+    tokens = document_tokens(spec, lengths, rng)
+    shard_size = max(16 << 10, int(lengths.sum()) * 2 // 6)  # about six shards a stream
     frame_size = min(256 << 10, max(4 << 10, shard_size // 8))
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     with ShardWriter(
@@ -112,8 +131,7 @@ def build_stream(spec: StreamSpec, url: str, num_tokens: int, seed: int) -> Mani
         conversion={"source": "streamforge demo (synthetic)", "stream": spec.name},
     ) as writer:
         for i in range(len(lengths)):
-            meta = {"url": f"https://example.com/{spec.name}/{i}"} if spec.meta else None
-            writer.write(tokens[bounds[i] : bounds[i + 1]], meta=meta)
+            writer.write(tokens[bounds[i] : bounds[i + 1]])
     return writer.close()
 
 
@@ -126,201 +144,173 @@ def build_corpus(out_dir: Path, num_tokens: int, seed: int) -> dict[str, Manifes
 
 
 def describe_corpus(manifests: dict[str, Manifest]) -> str:
-    lines = []
-    for name, m in manifests.items():
-        raw = m.num_tokens * np.dtype(m.token_dtype).itemsize
-        lines.append(
-            f"  {name:<6} {m.num_records:>7,} docs {m.num_tokens:>11,} tokens "
-            f"{m.num_shards:>3} shards {m.num_bytes / 2**20:6.1f} MiB "
-            f"({m.num_bytes / max(raw, 1):.0%} of the raw token bytes)"
-        )
-    return "\n".join(lines)
+    return "\n".join(
+        f"  {name:<6} {m.num_records:>7,} docs {m.num_tokens:>11,} tokens {m.num_shards:>3} shards "
+        f"{m.num_bytes / 2**20:6.1f} MiB"
+        for name, m in manifests.items()
+    )
 
 
-# -- streaming ---------------------------------------------------------------------------------
 def progress_disabled() -> bool:
     return bool(os.environ.get("STREAMFORGE_NO_PROGRESS"))
 
 
-@dataclass
-class RunResult:
-    batches: int
-    tokens: int
-    seconds: float
-    source_tokens: np.ndarray  # tokens per stream (padding excluded)
-    share_history: np.ndarray  # [batches, streams] cumulative tokens per stream
-    state: dict[str, Any] | None  # loader state after ``resume_at`` batches
-    after_state: list[dict[str, Any]]  # the batches that followed it
+# -- loopback S3 ---------------------------------------------------------------------------------
+class LoopbackS3:
+    """A moto S3 server on 127.0.0.1 holding a copy of the corpus (``--s3``)."""
 
+    def __init__(self) -> None:
+        import socket
 
-def stream_batches(
-    make_loader: Callable[[], Any], *, max_batches: int, resume_at: int, num_check: int
-) -> RunResult:
-    """One pass (at most ``max_batches``), keeping the state at ``resume_at`` and the
-    ``num_check`` batches after it."""
-    from tqdm import tqdm
+        from moto.server import ThreadedMotoServer
 
-    loader = make_loader()
-    counts = np.zeros(len(STREAMS), np.int64)
-    state, after, tokens, batches = None, [], 0, 0
-    history = []
-    bar = tqdm(total=max_batches, unit="batch", disable=progress_disabled(), dynamic_ncols=True)
-    start = time.perf_counter()
-    for batch in loader:
-        batches += 1
-        ids = batch["source_ids"].numpy().ravel()
-        counts += np.bincount(ids[ids >= 0], minlength=len(STREAMS))[: len(STREAMS)]
-        history.append(counts.copy())
-        tokens += batch["input_ids"].numel()
-        if batches == resume_at:
-            state = json.loads(json.dumps(loader.state_dict()))  # proves it is plain JSON
-        elif state is not None and len(after) < num_check:
-            after.append({k: v.clone() for k, v in batch.items()})
-        bar.update(1)
-        if batches % 10 == 0:
-            rate = tokens / max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{rate / 1e6:.2f}M tokens/s")
-        if batches >= max_batches:
-            break
-    seconds = time.perf_counter() - start
-    bar.close()
-    history_array = np.asarray(history) if history else np.zeros((0, len(STREAMS)), np.int64)
-    return RunResult(batches, tokens, seconds, counts, history_array, state, after)
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.setdefault(var, "demo")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        self.storage_options = {"key": "demo", "secret": "demo", "client_kwargs": {"endpoint_url": self.endpoint_url}}
 
+    def upload(self, local: Path, bucket: str, name: str) -> str:
+        import s3fs
 
-def plot_mixture(history: np.ndarray, path: Path) -> Path | None:
-    """Cumulative token share of each stream over the run, against its weight (PNG)."""
-    try:
-        import matplotlib
+        fs = s3fs.S3FileSystem(**self.storage_options)
+        if not fs.exists(bucket):
+            fs.mkdir(bucket)
+        fs.put(str(local) + "/", f"{bucket}/{name}/", recursive=True)
+        return f"s3://{bucket}/{name}"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if len(history) == 0:
-        return None
-    totals = history.sum(axis=1)
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for i, spec in enumerate(STREAMS):
-        line = ax.plot(totals / 1e6, history[:, i] / np.maximum(totals, 1), label=f"{spec.name} (weight {spec.weight:.0%})")
-        ax.axhline(spec.weight, color=line[0].get_color(), linestyle="--", linewidth=0.8)
-    ax.set_xlabel("tokens streamed (millions)")
-    ax.set_ylabel("share of tokens so far")
-    ax.set_ylim(0, 1)
-    ax.set_title("realized mixture vs weights (dashed)")
-    ax.legend(loc="upper right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def check_resume(
-    make_loader: Callable[[], Any], state: dict[str, Any], expected: list[dict[str, Any]]
-) -> tuple[bool, str]:
-    """Load ``state`` into a fresh loader; its next batches must equal ``expected``."""
-    import torch
-
-    loader = make_loader()
-    loader.load_state_dict(state)
-    batches = iter(loader)
-    for i, want in enumerate(expected):
-        got = next(batches, None)
-        if got is None:
-            return False, f"the resumed loader ended after {i} batches, expected {len(expected)}"
-        for key, value in want.items():
-            if key not in got or not torch.equal(got[key], value):
-                return False, f"batch {i + 1} after the resume point differs in {key!r}"
-    del batches
-    return True, str(loader.resume_report)
+    def stop(self) -> None:
+        self._server.stop()
 
 
 # -- command line -------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="streamforge demo",
-        description="Build a small synthetic corpus (web/code/books), stream packed blocks from "
-        "it and check exact resume.",
+        description="Build a small synthetic corpus, train a tiny transformer on it with a mixture "
+        "schedule, checkpoint midway, resume in a new process and compare the loss curves bit for bit.",
     )
-    p.add_argument("--output-dir", default="demo-out", help="where the corpus goes (default: %(default)s)")
-    p.add_argument("--tokens", default=str(DEFAULT_TOKENS),
-                   help="corpus size in tokens, e.g. 4000000 or 4M (default: %(default)s)")
-    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--output-dir", default="demo-out", help="corpus, checkpoint, results (default: %(default)s)")
+    p.add_argument("--tokens", default=str(DEFAULT_TOKENS), help="corpus size, e.g. 3M (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--checkpoint-at", type=int, default=None, help="default: 40%% of --steps")
+    p.add_argument("--switch-at", type=int, default=None, help="mixture switch step; default: half of --steps")
+    p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--num-layers", type=int, default=2)
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batches", type=int, default=None,
-                   help="stop after this many batches (default: one pass)")
-    p.add_argument("--resume-at", type=int, default=20, help="batch after which state is saved")
-    p.add_argument("--no-resume-check", action="store_true", help="skip the exact-resume check")
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--s3", action="store_true", help="serve the corpus from a loopback S3 server")
+    p.add_argument("--resume-from", type=Path, default=None, help=argparse.SUPPRESS)  # the new process
     args = p.parse_args(argv)
     args.tokens = parse_size(args.tokens)
-    for name in ("seq_len", "batch_size", "resume_at"):
+    for name in ("steps", "seq_len", "batch_size", "d_model", "num_layers"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.num_workers < 0:
         p.error("--num-workers must be >= 0")
+    if args.steps < 2:
+        p.error("--steps must be >= 2 (a checkpoint midway)")
+    args.checkpoint_at = args.checkpoint_at or max(1, args.steps * 2 // 5)
+    args.switch_at = args.switch_at if args.switch_at is not None else args.steps // 2
+    if not 0 < args.checkpoint_at < args.steps:
+        p.error(f"--checkpoint-at must be in 1..{args.steps - 1}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from . import PackedTokenDataset, Stream, StreamingLoader
-
     out_dir = Path(args.output_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.resume_from is not None:
+        return resumed_process(args.resume_from, out_dir)
+    server = None
+    if args.s3:
+        try:
+            server = LoopbackS3()
+        except ImportError:
+            print("--s3 needs moto's server: .venv/bin/pip install -c constraints.txt 'moto[server]'")
+            return 2
+    try:
+        return reference_and_resume(args, out_dir, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def reference_and_resume(args: argparse.Namespace, out_dir: Path, server: LoopbackS3 | None) -> int:
+    from .demo_train import JobConfig, train
+    from .demo_report import compare, report
+
+    import torch
+
     started = time.perf_counter()
-    manifests = build_corpus(out_dir, args.tokens, args.seed)
-    print(f"corpus in {out_dir} ({time.perf_counter() - started:.1f} s)")
+    manifests = build_corpus(out_dir / "corpus", args.tokens, args.seed)
+    where = "local disk"
+    streams = []
+    for spec in STREAMS:
+        url, options = str(out_dir / "corpus" / spec.name), None
+        if server is not None:
+            url, options = server.upload(out_dir / "corpus" / spec.name, "streamforge-demo", spec.name), server.storage_options
+            where = f"loopback S3 at {server.endpoint_url}"
+        streams.append({"url": url, "weight": spec.weight, "name": spec.name, "storage_options": options})
+    print(f"[1/4] corpus in {out_dir / 'corpus'}, served from {where} ({time.perf_counter() - started:.1f} s)")
     print(describe_corpus(manifests))
-
-    streams = [Stream(str(out_dir / s.name), weight=s.weight, name=s.name) for s in STREAMS]
-
-    def make_loader():
-        dataset = PackedTokenDataset(
-            streams, seq_len=args.seq_len, seed=args.seed, shuffle_buffer=8192,
-            packing="concat", eos_id=EOS_ID,
-        )
-        return StreamingLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers)
-
-    block_tokens = args.seq_len * args.batch_size
-    total = sum(m.num_tokens + m.num_records for m in manifests.values())  # + one EOS each
-    max_batches = args.max_batches or max(1, total // block_tokens)
-    resume_at = min(args.resume_at, max(1, max_batches // 2))
-    num_check = 0 if args.no_resume_check else min(4, max_batches - resume_at)
-    print(
-        f"streaming: batch {args.batch_size} x seq_len {args.seq_len}, "
-        f"{args.num_workers} workers, up to {max_batches} batches"
+    schedule = [(0, {s.name: s.weight for s in STREAMS})]
+    if 0 < args.switch_at < args.steps:
+        schedule.append((args.switch_at, {s.name: s.late_weight for s in STREAMS}))
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = JobConfig(
+        streams=streams, schedule=schedule, vocab_size=VOCAB_SIZE, eos_id=EOS_ID, steps=args.steps,
+        checkpoint_at=args.checkpoint_at, seq_len=args.seq_len, batch_size=args.batch_size,
+        num_workers=args.num_workers, seed=args.seed, d_model=args.d_model, num_layers=args.num_layers,
+        threads=max(1, min(4, os.cpu_count() or 1)), device=device,
     )
-    run = stream_batches(make_loader, max_batches=max_batches, resume_at=resume_at, num_check=num_check)
-    rate = run.tokens / max(run.seconds, 1e-9)
-    print(
-        f"streamed {run.batches} batches, {run.tokens:,} tokens in {run.seconds:.2f} s: "
-        f"{rate / 1e6:.2f}M tokens/s, {run.batches / max(run.seconds, 1e-9):.1f} batches/s"
-    )
-    shares = run.source_tokens / max(int(run.source_tokens.sum()), 1)
-    print("mixture (share of tokens, target in brackets): " + "  ".join(
-        f"{s.name} {share:.1%} ({s.weight:.0%})" for s, share in zip(STREAMS, shares)
-    ))
-    plot = plot_mixture(run.share_history, out_dir / "mixture.png")
-    if plot is not None:
-        print(f"mixture plot: {plot}")
-    if args.no_resume_check:
-        return 0
-    if run.state is None or not run.after_state:
-        print(f"exact resume: not checked (the pass had only {run.batches} batches)")
-        return 0
-    state_path = out_dir / f"state-batch-{resume_at}.json"
-    state_path.write_text(json.dumps(run.state, indent=1) + "\n")
-    ok, detail = check_resume(make_loader, run.state, run.after_state)
-    if not ok:
-        print(f"exact resume: FAILED at batch {resume_at}: {detail}")
+    print(f"[2/4] reference run: {cfg.steps} steps of {cfg.batch_size} x {cfg.seq_len} tokens on {device}, "
+          f"checkpoint after step {cfg.checkpoint_at}, mixture switch at step {args.switch_at}")
+    ref = train(cfg, out_dir, bar_desc="reference")
+    _write(out_dir / RESULTS[0], ref)
+    print(f"[3/4] resuming from {ref.checkpoint} in a new process")
+    spawned = time.perf_counter()
+    child = subprocess.run([sys.executable, "-m", "streamforge.demo", "--output-dir", str(out_dir),
+                            "--resume-from", str(ref.checkpoint)])
+    if child.returncode != 0:
+        print(f"the resumed process failed (exit code {child.returncode})")
         return 1
-    print(f"resume report: {detail}")
-    print(
-        f"exact resume: OK (state after batch {resume_at}, saved to {state_path.name}; the next "
-        f"{len(run.after_state)} batches are bit-for-bit those of the uninterrupted run)"
-    )
+    resumed = json.loads((out_dir / RESULTS[1]).read_text())
+    resumed["process_s"] = time.perf_counter() - spawned
+    print("[4/4] comparing")
+    ok, lines = compare(json.loads((out_dir / RESULTS[0]).read_text()), resumed, cfg.checkpoint_at)
+    print("\n".join(report(cfg, ref, resumed, out_dir, ok, lines, time.perf_counter() - started)))
+    return 0 if ok else 1
+
+
+def resumed_process(checkpoint: Path, out_dir: Path) -> int:
+    """The new process: rebuild the job from the checkpoint alone and train to the end."""
+    from .demo_train import config_from_checkpoint, train
+
+    cfg = config_from_checkpoint(checkpoint)
+    result = train(cfg, out_dir, resume_from=checkpoint, bar_desc="resumed")
+    _write(out_dir / RESULTS[1], result)
     return 0
+
+
+def _write(path: Path, result: Any) -> None:
+    from .demo_train import bits
+
+    path.write_text(json.dumps({
+        "first_step": result.first_step, "losses": result.losses, "loss_bits": bits(result.losses),
+        "seconds": result.seconds, "data_wait_s": result.data_wait_s, "tokens": result.tokens,
+        "stats": result.stats, "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "resume_latency_s": result.resume_latency_s,
+    }, indent=1) + "\n")
 
 
 if __name__ == "__main__":
