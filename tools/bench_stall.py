@@ -1,0 +1,235 @@
+"""Data stall as a trainer feels it: how long the training thread waits for each batch.
+
+The simulated trainer takes a batch, then "trains" for a fixed step time with ``time.sleep``,
+which releases the GIL as a Python thread waiting on a CUDA step does. For each step time
+(5, 20, 100 ms), loader mode and storage backend it reports the fraction of wall time spent
+waiting in ``next(loader)`` and the p50 / p99 / max wait per step. The first batches
+(``--warmup``, start-up: worker processes, manifests, first fetches) are left out and reported
+apart.
+
+Modes: ``0 workers`` (the pipeline runs on the training thread), ``0 workers + thread``
+(``device_prefetch=2``: the pipeline runs on the loader's background thread), ``2 workers``
+(DataLoader processes; the training thread receives and expands each batch) and ``2 workers +
+thread`` (the loader's thread receives and expands them: what a CUDA rank gets by default). Backends: local disk; loopback S3 (moto) in a child process; the same
+S3 behind ``tests/fault_proxy.py`` failing 5% of the reads (resets, 503 SlowDown, stalls,
+truncated bodies), also in that child process so the trainer's process only runs the trainer.
+
+    python tools/bench_stall.py            # about 4 minutes on 2 cores; writes docs/benchmarks.md
+    python tools/bench_stall.py --quick    # a shorter smoke run, no doc update
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from streamforge import PackedTokenDataset, Stream, StreamingLoader  # noqa: E402
+from streamforge.demo import STREAMS, build_corpus  # noqa: E402
+from streamforge.storage.config import RetryPolicy, StorageConfig  # noqa: E402
+
+_SERVERS = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from moto.server import ThreadedMotoServer
+from fault_proxy import FaultProxy
+port = int(sys.argv[1])
+s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+s3.start()
+proxy = FaultProxy(f"http://127.0.0.1:{port}", rate=float(sys.argv[3]), seed=0, stall_s=2.0).start()
+print(proxy.endpoint_url, flush=True)
+sys.stdin.read()
+print(proxy.requests, sum(proxy.faults.values()), flush=True)
+proxy.stop()
+s3.stop()
+"""
+
+MODES = (("0 workers", 0, 0), ("0 workers + thread", 0, 2), ("2 workers", 2, 0), ("2 workers + thread", 2, 2))
+STEP_MS = (5, 20, 100)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Servers:
+    """moto S3 and the fault proxy in front of it, in a child process."""
+
+    def __init__(self, fault_rate: float) -> None:
+        port = free_port()
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVERS, str(port), str(ROOT / "tests"), str(fault_rate)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
+        )
+        self.clean = f"http://127.0.0.1:{port}"
+        self.faulty = self.proc.stdout.readline().strip()
+
+    def options(self, endpoint: str) -> dict:
+        return {"key": "bench", "secret": "bench", "skip_instance_cache": True,
+                "client_kwargs": {"endpoint_url": endpoint}}
+
+    def stop(self) -> tuple[int, int]:
+        out, _ = self.proc.communicate("", timeout=30)
+        requests, faults = (int(x) for x in out.split())
+        return requests, faults
+
+
+def upload(local: Path, opts: dict) -> None:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**opts)
+    fs.mkdir("stall")
+    for spec in STREAMS:
+        fs.put(str(local / spec.name) + "/", f"stall/{spec.name}/", recursive=True)
+
+
+def make_loader(urls: dict[str, str], opts: dict | None, num_workers: int, depth: int, args) -> StreamingLoader:
+    storage = StorageConfig(retry=RetryPolicy(timeout=1.0, backoff_base=0.02, backoff_max=0.5))
+    streams = [Stream(urls[s.name], weight=s.weight, name=s.name, storage_options=opts) for s in STREAMS]
+    dataset = PackedTokenDataset(streams, seq_len=args.seq_len, seed=0, shuffle_buffer=4096, packing="concat",
+                                 eos_id=511, infinite=True, storage=storage)
+    return StreamingLoader(dataset, batch_size=args.batch_size, num_workers=num_workers, device="cpu",
+                           device_prefetch=depth)
+
+
+def measure(loader: StreamingLoader, args) -> tuple[float, list[dict]]:
+    """(start-up seconds, one row per step time)."""
+    it = iter(loader)
+    start = time.perf_counter()
+    for _ in range(args.warmup):
+        next(it)
+        time.sleep(0.02)
+    startup = time.perf_counter() - start
+    rows = []
+    for step_ms in STEP_MS:
+        steps = max(20, min(args.max_steps, int(args.seconds * 1000 / step_ms)))
+        waits = np.zeros(steps)
+        begin = time.perf_counter()
+        for i in range(steps):
+            t0 = time.perf_counter()
+            next(it)
+            waits[i] = time.perf_counter() - t0
+            time.sleep(step_ms / 1000)
+        wall = time.perf_counter() - begin
+        rows.append({"step_ms": step_ms, "steps": steps, "stall": waits.sum() / wall,
+                     "p50": np.percentile(waits, 50) * 1e3, "p99": np.percentile(waits, 99) * 1e3,
+                     "max": waits.max() * 1e3})
+    del it
+    return startup, rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("bench-out/stall"))
+    p.add_argument("--tokens", type=int, default=4_000_000)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=2.5, help="per step time (default: %(default)s)")
+    p.add_argument("--max-steps", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--fault-rate", type=float, default=0.05)
+    p.add_argument("--quick", action="store_true", help="short run, no doc update")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seconds, args.tokens = 0.5, 1_000_000
+    local = args.out.resolve() / "corpus"
+    build_corpus(local, args.tokens, seed=0)
+    servers = Servers(args.fault_rate)
+    results = []
+    try:
+        upload(local, servers.options(servers.clean))
+        backends = (
+            ("local", {s.name: str(local / s.name) for s in STREAMS}, None),
+            ("S3", {s.name: f"s3://stall/{s.name}" for s in STREAMS}, servers.options(servers.clean)),
+            (f"S3, {args.fault_rate:.0%} faults", {s.name: f"s3://stall/{s.name}" for s in STREAMS},
+             servers.options(servers.faulty)),
+        )
+        for backend, urls, opts in backends:
+            for mode, workers, depth in MODES:
+                startup, rows = measure(make_loader(urls, opts, workers, depth, args), args)
+                for row in rows:
+                    row.update(backend=backend, mode=mode, startup=startup)
+                    results.append(row)
+                    print(f"{backend:<16} {mode:<20} {row['step_ms']:>4} ms: stall {row['stall']:6.2%}  "
+                          f"p50 {row['p50']:6.2f}  p99 {row['p99']:7.2f}  max {row['max']:7.2f} ms "
+                          f"(start-up {startup:.2f} s)", flush=True)
+    finally:
+        requests, faults = servers.stop()
+    print(f"fault proxy: {faults} of {requests} requests faulted")
+    if not args.quick:
+        write_doc(results, args, requests, faults)
+    return 0
+
+
+def write_doc(results: list[dict], args, requests: int, faults: int) -> None:
+    from _benchdoc import update_section
+
+    img = ROOT / "docs" / "img" / "stall.png"
+    plot(results, img)
+    lines = [
+        "## Data stall: what the training thread waits for (`tools/bench_stall.py`)",
+        "",
+        f"`python tools/bench_stall.py`, {date.today()}, {platform.machine()} with {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}. Three streams (the demo's corpus, {args.tokens / 1e6:.0f}M tokens), "
+        f"seq_len {args.seq_len}, batch {args.batch_size} ({args.seq_len * args.batch_size:,} tokens a step), "
+        "CPU batches. The trainer takes a batch, then sleeps for the step time (the GIL is free, as "
+        f"while a GPU step runs). {args.warmup} start-up batches are left out (start-up column). S3 is moto "
+        f"on 127.0.0.1 in a child process; the faulty S3 is the same server behind `tests/fault_proxy.py` "
+        f"({faults} of {requests} requests faulted: resets, 503 SlowDown, 2 s stalls, truncated bodies), "
+        "with a 1 s request timeout.",
+        "",
+        "![stall per configuration](img/stall.png)",
+        "",
+        "| backend | loader | step | stall (share of wall time) | wait p50 (ms) | p99 (ms) | max (ms) | start-up (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r['backend']} | {r['mode']} | {r['step_ms']} ms | {r['stall']:.2%} | {r['p50']:.2f} | "
+                     f"{r['p99']:.2f} | {r['max']:.1f} | {r['startup']:.2f} |")
+    update_section("stall", "\n".join(lines))
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys((r["backend"], r["mode"]) for r in results))
+    fig, ax = plt.subplots(figsize=(10, 3.8))
+    width = 0.8 / len(STEP_MS)
+    for i, step_ms in enumerate(STEP_MS):
+        values = [next(r["stall"] for r in results if (r["backend"], r["mode"]) == c and r["step_ms"] == step_ms)
+                  for c in configs]
+        ax.bar([j + (i - 1) * width for j in range(len(configs))], [v * 100 for v in values], width,
+               label=f"{step_ms} ms steps")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(configs)), [f"{b}\n{m}" for b, m in configs], fontsize="x-small")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylabel("time waiting for data (%)")
+    ax.set_title("data stall per step time (dashed: 1%)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
