@@ -76,7 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--offsets", help="npy: document offsets array (.npy)")
     conv.add_argument("--vocab-size", type=int)
     conv.add_argument("--limit", type=int, help="convert only the first N documents")
-    conv.add_argument("--overwrite", action="store_true")
+    conv.add_argument("--overwrite", action="store_true",
+                      help="replace what the output prefix holds; unlisted shards are removed")
+    text = conv.add_argument_group("raw text (jsonl/parquet): tokenize --text-field with --tokenizer")
+    text.add_argument("--text-field", help="the field/column holding each document's text")
+    text.add_argument("--tokenizer", help="tokenizer.json, tiktoken BPE file or sentencepiece .model")
+    text.add_argument("--tokenizer-kind", choices=("hf", "tiktoken", "sentencepiece"),
+                      help="default: from the file name (.json, .tiktoken/.bpe, .model)")
+    text.add_argument("--tiktoken-pattern", help="tiktoken: the split pattern (regex)")
+    text.add_argument("--eos-token", help="name of the EOS token (default: the tokenizer's own)")
+    text.add_argument("--on-bad-row", choices=("raise", "skip"), default="raise",
+                      help="a row with no text field, a non-string or invalid UTF-8: stop, or skip it "
+                           "(skipped rows are counted and listed in the manifest)")
+    text.add_argument("--engine", choices=("local", "ray"), default="local",
+                      help="local: --workers processes; ray: a Ray cluster")
+    text.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
     _add_storage_args(conv)
 
     for name, text in (("inspect", "summarize a stream"), ("verify", "check every shard")):
@@ -97,8 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    import time
+
     from .convert import convert
 
+    start = time.perf_counter()
+    text = {}
+    if args.text_field or args.tokenizer:
+        text = dict(text_field=args.text_field, tokenizer=args.tokenizer,
+                    tokenizer_kind=args.tokenizer_kind, tiktoken_pattern=args.tiktoken_pattern,
+                    eos_token=args.eos_token, on_bad_row=args.on_bad_row, engine=args.engine,
+                    ray_address=args.ray_address)
+    elif args.engine != "local":
+        text = dict(engine=args.engine)
     manifest = convert(
         args.fmt,
         args.input,
@@ -108,7 +133,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         eos_id=args.eos_id,
         dtype=args.dtype,
         token_dtype=args.token_dtype,
-        field=args.field,
+        field=None if text else args.field,
         limit=args.limit,
         vocab_size=args.vocab_size,
         offsets=args.offsets,
@@ -118,13 +143,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
         frame_size=args.frame_size,
         compression_level=args.compression_level,
         compression=args.compression,
+        **text,
     )
     print(
         f"{args.output}: {manifest.num_shards} shards, {manifest.num_records:,} records, "
         f"{manifest.num_tokens:,} tokens ({manifest.token_dtype}), {manifest.num_bytes:,} bytes"
     )
     print(f"documents end with EOS: {describe_eos(manifest)}")
+    if manifest.tokenizer:
+        print(f"tokenizer: {describe_tokenizer(manifest.tokenizer)}")
+        skipped = manifest.conversion.get("skipped_rows", {})
+        print(f"skipped rows: {skipped.get('count', 0):,}")
+        for line in skipped.get("listed", [])[:10]:
+            print(f"  {line}")
+        print(f"time: {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def describe_tokenizer(record: dict[str, Any]) -> str:
+    return (f"{record.get('kind')} {record.get('name')} (sha256 {str(record.get('sha256'))[:16]}..., "
+            f"vocab {record.get('vocab_size'):,}, EOS id {record.get('eos_id')})")
 
 
 def length_histogram(lengths: np.ndarray) -> list[str]:
@@ -174,6 +212,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"eos id       {manifest.eos_id}")
     print(f"documents end with EOS: {describe_eos(manifest)}")
     print(f"vocab size   {manifest.vocab_size}")
+    if manifest.tokenizer:
+        print(f"tokenizer    {describe_tokenizer(manifest.tokenizer)}")
     if len(lengths_all):
         print(
             f"doc length   mean {lengths_all.mean():,.1f}, median {np.median(lengths_all):,.0f}, "

@@ -144,6 +144,16 @@ class PackedTokenDataset(IterableDataset):
         self.manifests = (
             list(manifests) if manifests is not None else self._load_manifests(share_manifests)
         )
+        # Streams tokenized from text must share one tokenizer (same file, by sha256).
+        tokenized = [(s.name or s.url, m.tokenizer) for s, m in zip(self.streams, self.manifests) if m.tokenizer]
+        for name, tok in tokenized[1:]:
+            if tok.get("sha256") != tokenized[0][1].get("sha256"):
+                first, info = tokenized[0]
+                raise ConfigError(
+                    f"streams {first!r} and {name!r} were tokenized with different tokenizers: "
+                    f"{info.get('kind')} {info.get('name')} (sha256 {info.get('sha256')}) and "
+                    f"{tok.get('kind')} {tok.get('name')} (sha256 {tok.get('sha256')})"
+                )
         eos = self._resolve_eos(eos_id)
         self.config = PipelineConfig(
             seq_len=int(seq_len), seed=int(seed), shuffle_buffer=int(shuffle_buffer),

@@ -168,6 +168,8 @@ def describe(manifest: Any) -> str:
             if manifest.docs_end_with_eos
             else f"detected: none of the {total:,} non-empty documents ends with EOS id {eos}"
         )
+    elif how == "tokenizer":
+        why = f"tokenized from text: EOS id {eos} ends every non-empty document (added by the {check.get('appended_by')})"
     elif manifest.docs_end_with_eos:
         why = f"{FLAG} yes; EOS appended at conversion to {appended:,} documents"
     else:

@@ -38,6 +38,7 @@ from ..format.writer import (
     encode_shard_flat,
     parse_size,
     prepare_output,
+    remove_unlisted,
     write_manifest,
     write_shard,
 )
@@ -195,6 +196,15 @@ def convert(
     compression_level: int = 3,
     compression: str = "zstd",
     progress: bool | None = None,
+    text_field: str | None = None,
+    tokenizer: str | None = None,
+    tokenizer_kind: str | None = None,
+    tiktoken_pattern: str | None = None,
+    eos_token: str | None = None,
+    on_bad_row: str = "raise",
+    engine: str = "local",
+    ray_address: str | None = None,
+    input_storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
     """Convert the ``fmt`` corpus at ``input`` into a stream at ``output``; returns its manifest.
 
@@ -206,7 +216,28 @@ def convert(
     (or no ``eos_id`` is given), and a ``SourceError`` for a mix. ``"yes"`` appends EOS at
     conversion to the documents that lack it; ``"no"`` leaves the appending to the pipeline.
     See ``streamforge.convert.eos`` and docs/convert.md.
+
+    Raw text: with ``text_field`` (jsonl/parquet) and ``tokenizer`` (a ``tokenizer.json``, a
+    tiktoken BPE file with ``tiktoken_pattern``, or a sentencepiece ``.model``), each
+    document is tokenized on ``engine`` (``"local"``: ``workers`` processes; ``"ray"``: a Ray
+    cluster at ``ray_address``/``RAY_ADDRESS``, or a local one), with EOS appended; bad rows
+    follow ``on_bad_row`` (``"raise"`` or ``"skip"``). See ``streamforge.convert.textrun``.
     """
+    if text_field is not None or tokenizer is not None:
+        return _convert_text(
+            fmt, input, output, text_field=text_field, tokenizer=tokenizer,
+            tokenizer_kind=tokenizer_kind, tiktoken_pattern=tiktoken_pattern, eos_token=eos_token,
+            eos_id=eos_id, on_bad_row=on_bad_row, engine=engine, workers=workers,
+            ray_address=ray_address, shard_size=parse_size(shard_size),
+            frame_size=parse_size(frame_size), compression_level=compression_level,
+            compression=compression, token_dtype=token_dtype, storage_options=storage_options,
+            input_storage_options=input_storage_options, overwrite=overwrite,
+            progress=progress_enabled() if progress is None else progress,
+            unused={"dtype": dtype, "limit": limit, "vocab_size": vocab_size, "offsets": offsets},
+        )
+    if engine != "local":
+        raise ConfigError(f"engine {engine!r} runs text conversions only (--text-field); token "
+                          "corpora convert on local processes (--workers)")
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
     if compression not in CODECS:
@@ -241,7 +272,9 @@ def convert(
 
     url = str(output)
     fs, path = open_url(url, storage_options)
-    prepare_output(fs, path, url, source_fingerprint=fingerprint, overwrite=overwrite)
+    layout = {"shard_size": shard_bytes, "frame_size": frame_bytes, "compression": compression,
+              "compression_level": compression_level}
+    prepare_output(fs, path, url, source_fingerprint=fingerprint, overwrite=overwrite, layout=layout)
     fs.makedirs(path, exist_ok=True)  # a no-op on object stores
     jobs = [
         ShardJob(
@@ -287,7 +320,20 @@ def convert(
         compression=compression,
     )
     write_manifest(fs, path, manifest)
+    if overwrite:
+        remove_unlisted(fs, path, manifest)
     return manifest
+
+
+def _convert_text(fmt, input, output, *, text_field, tokenizer, unused, **options) -> Manifest:
+    from .textrun import convert_text
+
+    if not text_field or not tokenizer:
+        raise ConfigError("a text conversion needs both text_field (--text-field) and tokenizer (--tokenizer)")
+    given = sorted(k for k, v in unused.items() if v is not None)
+    if given:
+        raise ConfigError(f"{', '.join(given)} apply to token-id sources, not to a text conversion")
+    return convert_text(fmt, input, output, text_field=text_field, tokenizer=tokenizer, **options)
 
 
 def run_jobs(jobs: list[ShardJob], workers: int, update: Callable[[int, int], None]) -> list[dict]:

@@ -61,6 +61,10 @@ class Manifest:
     conversion: dict[str, Any] = field(default_factory=dict)
     source_fingerprint: str | None = None
     compression: str = "zstd"  # frame codec of every shard: "zstd" or "none" (plain .tar)
+    # The tokenizer of a stream converted from text (kind, name, sha256, vocab_size, eos_id);
+    # None for streams converted from token ids. Written only when set, so manifests without
+    # it keep their bytes.
+    tokenizer: dict[str, Any] | None = None
     url: str | None = None  # where it was loaded from; never part of the fingerprint
 
     # -- totals ---------------------------------------------------------------------------
@@ -118,7 +122,7 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         shards: dict[str, Any] = {"name": self.shard_names, "sha256": self.shard_sha256}
         shards.update({k: self.columns[k].tolist() for k in _INT_COLUMNS})
-        return {
+        out = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "token_dtype": self.token_dtype,
@@ -134,6 +138,9 @@ class Manifest:
             "conversion": self.conversion,
             "source_fingerprint": self.source_fingerprint,
         }
+        if self.tokenizer is not None:
+            out["tokenizer"] = self.tokenizer
+        return out
 
     def dumps(self) -> bytes:
         return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
@@ -173,6 +180,7 @@ class Manifest:
             conversion=data.get("conversion") or {},
             source_fingerprint=data.get("source_fingerprint"),
             compression=data.get("compression", "zstd"),
+            tokenizer=data.get("tokenizer"),
             url=url,
         )
         for key in ("num_shards", "num_records", "num_tokens"):

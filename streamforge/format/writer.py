@@ -266,6 +266,7 @@ def build_manifest(
     conversion: dict[str, Any] | None = None,
     source_fingerprint: str | None = None,
     compression: str = "zstd",
+    tokenizer: dict[str, Any] | None = None,
 ) -> Manifest:
     columns = {
         k: np.asarray([r[k] for r in rows], dtype=np.int64)
@@ -282,23 +283,57 @@ def build_manifest(
         conversion=conversion or {},
         source_fingerprint=source_fingerprint,
         compression=compression,
+        tokenizer=tokenizer,
     )
 
 
 def write_manifest(fs, path: str, manifest: Manifest) -> None:
-    """Write ``index.json`` last; the dataset exists from this moment on."""
-    with fs.open(join(path, MANIFEST_NAME), "wb") as out:
+    """Write ``index.json`` last, atomically; the dataset exists from this moment on.
+
+    An object store makes one PUT visible whole or not at all; on a local disk the manifest
+    is written beside its name and renamed over it, so a crash never leaves half a manifest.
+    """
+    target = join(path, MANIFEST_NAME)
+    if "file" not in _protocols(fs):
+        with fs.open(target, "wb") as out:
+            out.write(manifest.dumps())
+        return
+    import os
+
+    tmp = f"{target}.tmp-{os.getpid()}"
+    with fs.open(tmp, "wb") as out:
         out.write(manifest.dumps())
+    os.replace(tmp, target)
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+def remove_unlisted(fs, path: str, manifest: Manifest) -> list[str]:
+    """Remove the shard files under ``path`` that ``manifest`` does not list (after it is in
+    place: leftovers of an earlier, larger conversion); returns their names."""
+    listed = set(manifest.shard_names)
+    fs.invalidate_cache(path)
+    stale = []
+    for item in fs.ls(path, detail=False):
+        name = item.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("shard-") and name not in listed:
+            stale.append(name)
+            fs.rm(item)
+    return stale
 
 
 def prepare_output(
-    fs, path: str, url: str, *, source_fingerprint: str | None, overwrite: bool
+    fs, path: str, url: str, *, source_fingerprint: str | None, overwrite: bool,
+    layout: dict[str, Any] | None = None,
 ) -> None:
     """Refuse an output prefix that already holds a different dataset.
 
-    The same source converted with the same parameters may be written again (the bytes are
-    identical); with ``overwrite`` the old manifest is removed first, so a half-rewritten
-    prefix never opens as a complete stream.
+    The same source converted with the same parameters (``layout``: the ``conversion``
+    entries that decide the shard files, such as the shard size) may be written again (the
+    bytes are identical); with ``overwrite`` the old manifest is removed first, so a
+    half-rewritten prefix never opens as a complete stream.
     """
     target = join(path, MANIFEST_NAME)
     if not fs.exists(target):
@@ -311,6 +346,7 @@ def prepare_output(
         existing is not None
         and source_fingerprint is not None
         and existing.source_fingerprint == source_fingerprint
+        and all(existing.conversion.get(k) == v for k, v in (layout or {}).items())
     )
     if same:
         return
