@@ -37,7 +37,7 @@ def _scheduled(corpus):
 def test_resume_is_exact_with_batches_in_flight(corpus, num_workers):
     reference = take(loader(_scheduled(corpus), num_workers=num_workers))
     assert len(reference) > 12
-    for cut in (1, 5, 9):
+    for cut in (1, 9):
         first = loader(_scheduled(corpus), num_workers=num_workers, device_prefetch=3)
         it = iter(first)
         head = [{k: v.clone() for k, v in next(it).items()} for _ in range(cut)]
