@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,8 +132,11 @@ class _Encoder:
         flat = np.empty(total, dtype)
         offsets = np.zeros(len(ids) + 1, np.int64)
         np.cumsum(lengths + add, out=offsets[1:])
-        if add.all():  # the common case: one EOS after each document, in one pass
-            flat[:] = np.fromiter(_with_eos(ids, self.spec.eos_id), dtype, total)
+        if add.all():  # the common case: one EOS after each document, flattened in C
+            eos = self.spec.eos_id
+            for doc in ids:
+                doc.append(eos)
+            flat[:] = np.fromiter(itertools.chain.from_iterable(ids), dtype, total)
         else:
             for i, doc in enumerate(ids):
                 lo = int(offsets[i])
@@ -140,12 +144,6 @@ class _Encoder:
                 if add[i]:
                     flat[lo + len(doc)] = self.spec.eos_id
         return flat, offsets
-
-
-def _with_eos(ids: list[list[int]], eos: int):
-    for doc in ids:
-        yield from doc
-        yield eos
 
 
 class _HF(_Encoder):

@@ -61,6 +61,13 @@ def test_ray_writes_the_same_bytes_as_local_workers(tmp_path, rng, s3_bucket, ra
     assert ray.is_initialized()  # the engine used the session it found and left it running
     assert len(read_stream(f"s3://{bucket}/ray", opts)[1]) == 900
 
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"body": 1}\n')
+    from streamforge.errors import SourceError
+
+    with pytest.raises(SourceError, match=r"bad.jsonl:2: no field 'text'"):
+        convert("jsonl", tmp_path / "bad.jsonl", f"s3://{bucket}/bad", engine="ray", **common)
+    assert not fs.exists(f"{bucket}/bad/index.json")
+
     a = convert("parquet", f"s3://{bucket}/pq", f"s3://{bucket}/pq-ray", engine="ray", **common)
     b = convert("parquet", f"s3://{bucket}/pq", f"s3://{bucket}/pq-w2", workers=2, **common)
     assert a.conversion["num_slices"] == 3 and a.shard_sha256 == b.shard_sha256

@@ -60,7 +60,7 @@ def text_convert(src, out, tok, **kw):
     return convert("jsonl", src, out, text_field="text", tokenizer=tok, progress=False, **kw)
 
 
-def test_hf_jsonl_round_trip_and_manifest(tmp_path, docs, hf_tok):
+def test_hf_jsonl_round_trip_and_manifest(tmp_path, docs, hf_tok, capsys):
     src = write_text_jsonl(tmp_path / "docs.jsonl", docs)
     m = text_convert(src, tmp_path / "out", hf_tok)
     want, eos = expected_hf(hf_tok, docs)
@@ -79,6 +79,9 @@ def test_hf_jsonl_round_trip_and_manifest(tmp_path, docs, hf_tok):
     assert manifest.conversion["skipped_rows"] == {"count": 0, "listed": []}
     assert verify_stream(str(tmp_path / "out")) == []
     assert not (tmp_path / "out" / "_convert-state").exists()
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    shown = capsys.readouterr().out
+    assert "tokenizer    hf tokenizer.json" in shown and "tokenized from text" in shown
     # converting the same text again into the same prefix keeps every (verified) shard
     before = tree_digests(fsspec.filesystem("file"), str(tmp_path / "out"))
     text_convert(src, tmp_path / "out", hf_tok)
@@ -256,3 +259,11 @@ def test_text_options_are_checked(tmp_path, docs, hf_tok):
         f.write(json.dumps({"text": 1}) + "\n")
     with pytest.raises(SourceError, match="no documents"):
         text_convert(tmp_path / "empty.jsonl.gz", tmp_path / "o", hf_tok, on_bad_row="skip")
+
+
+def test_progress_bar_and_summary(tmp_path, docs, hf_tok, capsys):
+    src = write_text_jsonl(tmp_path / "docs.jsonl", docs)
+    convert("jsonl", src, tmp_path / "out", text_field="text", tokenizer=hf_tok, progress=True)
+    err = capsys.readouterr().err
+    assert "scan" in err and "tokenize" in err and "docs/s" in err and "tok/s" in err
+    assert "converted 240 documents" in err and "0 rows skipped" in err
