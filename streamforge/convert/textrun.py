@@ -32,7 +32,7 @@ from ..format.writer import build_manifest, choose_token_dtype, remove_unlisted,
 from ..storage.open import join, open_url
 from .engines import make_engine
 from .text import BAD_ROW_POLICIES, list_slices
-from .textjob import BYTES_PER_TOKEN, STATE_DIR, ScanTask, WriteTask, receipt_path, scan_slice, write_slice
+from .textjob import BYTES_PER_TOKEN, STATE_DIR, ScanTask, WriteTask, scan_slice, write_slice
 from .tokenizer import load_tokenizer
 
 JOB_NAME = "job.json"
@@ -65,30 +65,16 @@ def convert_text(
     progress: bool = False,
 ) -> Manifest:
     """Tokenize the ``text_field`` of every jsonl line / parquet row into a stream."""
-    if fmt not in ("jsonl", "parquet"):
-        raise ConfigError(f"text conversion reads jsonl or parquet, not {fmt!r}")
-    if on_bad_row not in BAD_ROW_POLICIES:
-        raise ConfigError(f"on_bad_row must be one of {', '.join(BAD_ROW_POLICIES)}, got {on_bad_row!r}")
-    if compression not in CODECS:
-        raise ConfigError(f"compression must be one of {CODECS}, got {compression!r}")
-    if workers < 1:
-        raise ConfigError(f"workers must be at least 1, got {workers}")
+    _check_options(fmt, on_bad_row, compression, workers)
     start = time.perf_counter()
-    in_opts = input_storage_options if input_storage_options is not None else _same_store(
+    in_opts = input_storage_options if input_storage_options is not None else _options_for(
         input, output, storage_options
     )
     spec = load_tokenizer(
         tokenizer, kind=tokenizer_kind, pattern=tiktoken_pattern, eos_token=eos_token,
-        eos_id=eos_id, storage_options=_same_store(tokenizer, output, storage_options),
+        eos_id=eos_id, storage_options=_options_for(tokenizer, output, storage_options),
     )
-    chosen = choose_token_dtype(spec.vocab_size - 1)
-    if token_dtype is not None:
-        if token_dtype not in TOKEN_DTYPES:
-            raise ConfigError(f"token dtype must be one of {TOKEN_DTYPES}, got {token_dtype!r}")
-        if np.iinfo(token_dtype).max < spec.vocab_size - 1:
-            raise ConfigError(f"vocabulary of {spec.vocab_size} does not fit token dtype {token_dtype}")
-        chosen = token_dtype
-    itemsize = np.dtype(chosen).itemsize
+    chosen = _token_dtype(spec, token_dtype)
     slices = list_slices(fmt, input, in_opts)
     url = str(output)
     fs, path = open_url(url, storage_options)
@@ -96,12 +82,11 @@ def convert_text(
     runner = make_engine(engine, workers, ray_address, spec)
     try:
         bar.phase("scan", len(slices), "slice")
-        scans = [None] * len(slices)
-        for scan in runner.run(scan_slice, [
-            ScanTask(s, text_field, on_bad_row, in_opts, shard_size, itemsize) for s in slices
-        ]):
-            scans[scan.index] = scan
-            bar.step(1, 0)
+        scan_tasks = [
+            ScanTask(s, text_field, on_bad_row, in_opts, shard_size, np.dtype(chosen).itemsize)
+            for s in slices
+        ]
+        scans = _ordered(runner.run(scan_slice, scan_tasks), len(slices), lambda s: bar.step(1, 0))
         num_docs = sum(s.num_docs for s in scans)
         skipped = [line for s in scans for line in s.skipped]
         if num_docs == 0:
@@ -115,24 +100,18 @@ def convert_text(
         }
         conversion_id = _digest([fingerprint, json.dumps(params, sort_keys=True)])[:32]
         receipts = claim_output(fs, path, url, conversion_id, overwrite)
-        tasks, first_record, first_shard = [], 0, 0
-        for piece, scan in zip(slices, scans):
-            count = len(scan.shard_starts)
-            mine = {s: receipts[s] for s in range(first_shard, first_shard + count) if s in receipts}
-            tasks.append(WriteTask(
-                piece, scan, text_field, on_bad_row, in_opts, url, storage_options, chosen,
-                frame_size, compression_level, compression, first_record, first_shard, mine,
-            ))
-            first_record, first_shard = first_record + scan.num_docs, first_shard + count
+        template = WriteTask(
+            slices[0], scans[0], text_field, on_bad_row, in_opts, url, storage_options, chosen,
+            frame_size, compression_level, compression, 0, 0,
+        )
         bar.phase("tokenize", num_docs, "doc")
-        done = [None] * len(tasks)
-        for result in runner.run(write_slice, tasks):
-            done[result.index] = result
-            bar.step(result.num_docs, result.num_tokens)
+        done = _ordered(
+            runner.run(write_slice, write_tasks(template, slices, scans, receipts)), len(slices),
+            lambda d: bar.step(d.num_docs, d.num_tokens),
+        )
     finally:
         runner.close()
         bar.close()
-    rows = [row for d in done for row in d.rows]
     conversion = {
         **params,
         "num_documents": num_docs,
@@ -145,24 +124,74 @@ def convert_text(
         },
     }
     manifest = build_manifest(
-        rows, token_dtype=chosen, eos_id=spec.eos_id, vocab_size=spec.vocab_size,
-        docs_end_with_eos=True, conversion=conversion, source_fingerprint=fingerprint,
-        compression=compression, tokenizer=spec.record(),
+        [row for d in done for row in d.rows], token_dtype=chosen, eos_id=spec.eos_id,
+        vocab_size=spec.vocab_size, docs_end_with_eos=True, conversion=conversion,
+        source_fingerprint=fingerprint, compression=compression, tokenizer=spec.record(),
     )
     write_manifest(fs, path, manifest)
     if overwrite:
         remove_unlisted(fs, path, manifest)
     _remove_state(fs, path)
-    kept = sum(d.kept for d in done)
-    bar.summary(manifest, len(skipped), kept, time.perf_counter() - start)
+    bar.summary(manifest, len(skipped), sum(d.kept for d in done), time.perf_counter() - start)
     return manifest
 
 
-def _same_store(a: str, b: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``options`` when ``a`` lives on the same kind of store as ``b``; none otherwise."""
+def _check_options(fmt: str, on_bad_row: str, compression: str, workers: int) -> None:
+    if fmt not in ("jsonl", "parquet"):
+        raise ConfigError(f"text conversion reads jsonl or parquet, not {fmt!r}")
+    if on_bad_row not in BAD_ROW_POLICIES:
+        raise ConfigError(f"on_bad_row must be one of {', '.join(BAD_ROW_POLICIES)}, got {on_bad_row!r}")
+    if compression not in CODECS:
+        raise ConfigError(f"compression must be one of {CODECS}, got {compression!r}")
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
+
+
+def _token_dtype(spec, forced: str | None) -> str:
+    """The narrowest dtype that holds the vocabulary, or ``forced`` if it does."""
+    if forced is None:
+        return choose_token_dtype(spec.vocab_size - 1)
+    if forced not in TOKEN_DTYPES:
+        raise ConfigError(f"token dtype must be one of {TOKEN_DTYPES}, got {forced!r}")
+    if np.iinfo(forced).max < spec.vocab_size - 1:
+        raise ConfigError(f"vocabulary of {spec.vocab_size} does not fit token dtype {forced}")
+    return forced
+
+
+def _ordered(results, count: int, each) -> list:
+    """Results of ``count`` tasks (any order of arrival) in slice order."""
+    out = [None] * count
+    for result in results:
+        out[result.index] = result
+        each(result)
+    return out
+
+
+def write_tasks(template: WriteTask, slices, scans, receipts: dict[int, dict]) -> list[WriteTask]:
+    """One write task per slice, with its first record and shard (prefix sums over the
+    scans) and the receipts of its shards from an earlier run."""
+    from dataclasses import replace
+
+    tasks, first_record, first_shard = [], 0, 0
+    for piece, scan in zip(slices, scans):
+        count = len(scan.shard_starts)
+        mine = {s: receipts[s] for s in range(first_shard, first_shard + count) if s in receipts}
+        tasks.append(replace(
+            template, piece=piece, scan=scan, first_record=first_record, first_shard=first_shard,
+            receipts=mine,
+        ))
+        first_record, first_shard = first_record + scan.num_docs, first_shard + count
+    return tasks
+
+
+def _options_for(url: str, output: str, options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The storage options of ``output`` for ``url`` (the input, the tokenizer) when it lives
+    on the same kind of store, or on an object store while the output is local; none for a
+    local path read beside an object-store output."""
     from ..storage.open import protocol_of
 
-    return options if protocol_of(str(a)) == protocol_of(str(b)) else None
+    mine, theirs = protocol_of(str(url)), protocol_of(str(output))
+    return options if mine == theirs or (theirs == "file" and mine != "file") else None
 
 
 def _digest(parts: list[str]) -> str:

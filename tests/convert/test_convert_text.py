@@ -7,7 +7,6 @@ import gzip
 import json
 
 import fsspec
-import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers", reason="text conversion tests need the 'text' extra (tokenizers)")
@@ -267,3 +266,4 @@ def test_progress_bar_and_summary(tmp_path, docs, hf_tok, capsys):
     err = capsys.readouterr().err
     assert "scan" in err and "tokenize" in err and "docs/s" in err and "tok/s" in err
     assert "converted 240 documents" in err and "0 rows skipped" in err
+
