@@ -125,3 +125,22 @@ def test_state_records_who_saved_it(tmp_path):
     take(ldr, 3)
     state = ldr.state_dict()
     assert (state["rank"], state["world_size"], state["workers_per_rank"], state["step"]) == (1, 2, 2, 3)
+
+
+def test_plan_counts_read_only_the_split_shards(tmp_path):
+    """With the manifest's per-shard document counts, a plan reads the record index of the
+    shards a cut splits and no others; without them (older manifests) it reads every shard's
+    index, and the counts are the same."""
+    rng = np.random.default_rng(4)
+    url = str(tmp_path / "web")
+    corpus = {"web": (url, write_stream(url, random_docs(rng, 400, 50, min_len=0), shard_size="4KiB"))}
+    ds = dataset(corpus, world_size=1, rank=0)
+    manifest = ds.manifests[0]
+    assert "num_docs" in manifest.columns and manifest.num_shards > 6
+    plan = ds.pass_plan(0, workers_per_rank=3, batch_size=2)
+    split = {s for worker in plan.ranges[0] for s, a, b in worker if (a, b) != (0, manifest.columns["num_records"][s])}
+    assert ds._index_sources[0].counters["index_requests"] == len(split) <= 2
+    old = dataset(corpus, world_size=1, rank=0)
+    del old.manifests[0].columns["num_docs"]
+    assert old.pass_plan(0, workers_per_rank=3, batch_size=2).tokens == plan.tokens
+    assert old._index_sources[0].counters["index_requests"] == manifest.num_shards

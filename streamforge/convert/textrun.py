@@ -253,7 +253,10 @@ def claim_output(fs, path: str, url: str, conversion_id: str, overwrite: bool) -
 
 def _row(info) -> dict[str, Any]:
     keys = ("name", "bytes", "sha256", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes")
-    return {k: getattr(info, k) for k in keys}
+    row = {k: getattr(info, k) for k in keys}
+    if info.num_docs is not None:
+        row["num_docs"] = info.num_docs
+    return row
 
 
 def _shard_number(name: str) -> int:

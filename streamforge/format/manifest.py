@@ -26,6 +26,8 @@ MANIFEST_NAME = "index.json"
 TOKEN_DTYPES = ("uint16", "uint32")
 
 _INT_COLUMNS = ("bytes", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes")
+# optional columns: a manifest written before them loads without them
+_OPTIONAL_COLUMNS = ("num_docs",)  # non-empty records per shard (what the job clock counts)
 
 
 def shard_name(shard: int, compressed: bool = True) -> str:
@@ -45,6 +47,7 @@ class ShardInfo:
     index_offset: int
     index_bytes: int
     first_record: int
+    num_docs: int | None = None  # None: a manifest written before the column
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,6 +102,7 @@ class Manifest:
                 sha256=self.shard_sha256[i],
                 first_record=int(self.first_records[i]),
                 **{k: int(c[k][i]) for k in _INT_COLUMNS},
+                **{k: int(c[k][i]) for k in _OPTIONAL_COLUMNS if k in c},
             )
             for i in range(self.num_shards)
         ]
@@ -121,7 +125,7 @@ class Manifest:
     # -- (de)serialization ----------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         shards: dict[str, Any] = {"name": self.shard_names, "sha256": self.shard_sha256}
-        shards.update({k: self.columns[k].tolist() for k in _INT_COLUMNS})
+        shards.update({k: self.columns[k].tolist() for k in (*_INT_COLUMNS, *_OPTIONAL_COLUMNS) if k in self.columns})
         out = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -158,6 +162,7 @@ class Manifest:
         try:
             shards = data["shards"]
             columns = {k: np.asarray(shards[k], dtype=np.int64) for k in _INT_COLUMNS}
+            columns.update({k: np.asarray(shards[k], dtype=np.int64) for k in _OPTIONAL_COLUMNS if k in shards})
             names, digests = list(shards["name"]), list(shards["sha256"])
             token_dtype = data["token_dtype"]
         except (KeyError, TypeError, ValueError) as exc:

@@ -236,6 +236,7 @@ def _finish_shard(parts: list[bytes], frames: np.ndarray, table: np.ndarray, num
         "bytes": comp_offset + len(index),
         "num_records": len(table),
         "num_tokens": num_tokens,
+        "num_docs": int(np.count_nonzero(table["num_tokens"])),
         "num_frames": len(frames),
         "index_offset": comp_offset,
         "index_bytes": len(index),
@@ -272,6 +273,8 @@ def build_manifest(
         k: np.asarray([r[k] for r in rows], dtype=np.int64)
         for k in ("bytes", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes")
     }
+    if rows and all("num_docs" in r for r in rows):
+        columns["num_docs"] = np.asarray([r["num_docs"] for r in rows], dtype=np.int64)
     return Manifest(
         token_dtype=token_dtype,
         shard_names=[r["name"] for r in rows],

@@ -43,7 +43,7 @@ def test_manifest_records_the_stream(stream):
     assert data["conversion"] == {"source": "test", "shard_size": 4096, "frame_size": 1024, "compression_level": 3}
     # Columnar shard table: one list per field, one entry per shard.
     table = data["shards"]
-    assert set(table) == {"name", "sha256", "bytes", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes"}
+    assert set(table) == {"name", "sha256", "bytes", "num_records", "num_tokens", "num_frames", "index_offset", "index_bytes", "num_docs"}
     assert {len(v) for v in table.values()} == {loaded.num_shards}
     assert table["name"] == [shard_name(i) for i in range(loaded.num_shards)]
     for info in loaded.shards:
