@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError, StreamforgeError
@@ -54,7 +55,11 @@ class LocalEngine:
         futures = [self.pool.submit(_call, fn, task) for task in tasks]
         try:
             for future in as_completed(futures):
-                yield future.result()
+                try:
+                    yield future.result()
+                except BrokenProcessPool as exc:
+                    exc.add_note("a worker process died (killed?); rerun the same command to resume")
+                    raise
         finally:
             for future in futures:
                 future.cancel()
