@@ -8,7 +8,9 @@ The other commit's ``streamforge/`` is extracted with ``git archive`` under
 built once under ``bench-out/pipeline/``) through ``PackedTokenDataset(url, seq_len=2048,
 seed=0)`` and ``StreamingLoader(batch_size=8, num_workers=N)``, one pass each, in fresh
 processes, alternating trees within every repeat so machine noise hits both alike. tokens/s
-counts non-padding tokens delivered over the seconds from ``iter()`` to the end of the pass.
+counts non-padding tokens delivered over the seconds from ``iter()`` to the end of the pass;
+with 0 workers the tool also reports tokens per CPU-second of the process (all its threads),
+which a shared machine disturbs far less than wall time.
 Medians and the ratio this/other go to stdout and to the NAME section of docs/benchmarks.md.
 """
 
@@ -37,11 +39,12 @@ from streamforge import PackedTokenDataset, StreamingLoader
 url, workers = sys.argv[1], int(sys.argv[2])
 loader = StreamingLoader(PackedTokenDataset(url, seq_len=2048, seed=0), batch_size=8, num_workers=workers)
 tokens = batches = 0
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 for batch in loader:
     tokens += int((batch["doc_ids"] >= 0).sum())
     batches += 1
-print(json.dumps({"tokens": tokens, "batches": batches, "seconds": time.perf_counter() - start}))
+print(json.dumps({"tokens": tokens, "batches": batches, "seconds": time.perf_counter() - start,
+                  "cpu_seconds": time.process_time() - cpu}))
 """
 
 
@@ -90,6 +93,7 @@ def main(argv=None) -> None:
         trees["this"], head = extract(args.this, os.path.join(ROOT, "bench-out", "against"))
         dirty = False
     rates: dict[tuple[str, int], list[float]] = {}
+    cpu_rates: dict[tuple[str, int], list[float]] = {}
     for workers in args.workers:  # one uncounted warm-up pass per tree (page cache, imports)
         for tree in trees.values():
             one_pass(tree, meta["url"], workers)
@@ -98,12 +102,16 @@ def main(argv=None) -> None:
             for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
                 got = one_pass(trees[name], meta["url"], workers)
                 rates.setdefault((name, workers), []).append(got["tokens"] / got["seconds"])
+                cpu_rates.setdefault((name, workers), []).append(got["tokens"] / got["cpu_seconds"])
                 print(f"repeat {r + 1}/{args.repeats} workers={workers} {name}: "
                       f"{got['tokens'] / got['seconds'] / 1e6:.1f}M tokens/s ({got['batches']} batches)", flush=True)
     rows = []
     for workers in args.workers:
         a, b = statistics.median(rates[("this", workers)]), statistics.median(rates[("other", workers)])
         rows.append(f"| {workers} | {a / 1e6:.1f}M | {b / 1e6:.1f}M | {a / b:.3f} |")
+        if workers == 0:
+            a, b = statistics.median(cpu_rates[("this", 0)]), statistics.median(cpu_rates[("other", 0)])
+            rows.append(f"| 0, per CPU-second of the process | {a / 1e6:.1f}M | {b / 1e6:.1f}M | {a / b:.3f} |")
     this_name = f"{head}{' + working tree' if dirty else ''}"
     text = "\n".join([
         f"## This tree against `{sha}` (`tools/bench_against.py`)",
