@@ -176,22 +176,30 @@ class PackedTokenDataset(IterableDataset):
         """The source the planner reads record indexes through (one per stream, lazily)."""
         source = self._index_sources.get(stream)
         if source is None:
-            s = self.streams[stream]
-            fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry)
-            source = self._index_sources[stream] = ShardSource(self.manifests[stream], fetcher, config=self.storage)
+            source = self._index_sources[stream] = self.open_source(stream)
         return source
+
+    def open_source(self, stream: int) -> ShardSource:
+        """A new reader of stream ``stream``'s shards (ranged reads, prefetch, cache)."""
+        s = self.streams[stream]
+        fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry)
+        return ShardSource(self.manifests[stream], fetcher, config=self.storage)
 
     @property
     def eos_appended(self) -> list[bool]:
         """Per stream: does the pipeline append EOS to its documents?"""
         return [self.config.eos_id is not None and not m.docs_end_with_eos for m in self.manifests]
 
-    def pass_plan(self, pass_idx: int, *, workers_per_rank: int, batch_size: int, first_step: int = 0) -> PassPlan:
-        """The plan of ``pass_idx`` for this job's topology (see ``plan.PassPlan``)."""
+    def pass_plan(
+        self, pass_idx: int, *, workers_per_rank: int, batch_size: int, first_step: int = 0,
+        fractions: Sequence[float] | None = None,
+    ) -> PassPlan:
+        """The plan of ``pass_idx`` for this job's topology (see ``plan.PassPlan``); with
+        ``fractions``, of what is left of it (``Planner.pass_plan``)."""
         return self.planner.pass_plan(
             pass_idx, world_size=self.world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=self.config.seq_len, packing=self.config.packing,
-            eos_appended=self.eos_appended, first_step=first_step,
+            eos_appended=self.eos_appended, first_step=first_step, fractions=fractions,
         )
 
     def _load_manifests(self, share: bool) -> list[Manifest]:
@@ -300,9 +308,8 @@ class WorkerPipeline:
         self.sources = []
         buffers = []
         planner = dataset.planner
-        for i, (stream, manifest) in enumerate(zip(dataset.streams, dataset.manifests)):
-            fetcher = ByteFetcher(stream.url, stream.storage_options, dataset.storage.retry)
-            source = ShardSource(manifest, fetcher, config=dataset.storage)
+        for i, stream in enumerate(dataset.streams):
+            source = dataset.open_source(i)
 
             def ranges_for(pass_idx: int, _i=i) -> list:
                 return planner.worker_ranges(_i, pass_idx, self.num_global_workers, self.global_worker)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -46,41 +47,24 @@ def _identity(item):
 class _WorkerBatches(IterableDataset):
     """What runs inside each DataLoader worker process."""
 
-    def __init__(self, dataset, num_logical, pass_idx, first_step, quotas, states, rotation, batch_size):
-        self.dataset = dataset
-        self.num_logical = num_logical
-        self.pass_idx = pass_idx
-        self.first_step = first_step
-        self.quotas = quotas
-        self.states = states
-        self.rotation = rotation
-        self.batch_size = batch_size
+    def __init__(self, job: "_Job") -> None:
+        self.job = job
 
     def __iter__(self):
-        info = get_worker_info()
-        logical = (info.id + self.rotation) % self.num_logical
-        yield from _pipeline_batches(self, logical)
+        job = self.job
+        logical = (get_worker_info().id + job.rotation) % job.num_logical
+        pipeline = job.pipeline(logical)
+        try:
+            while True:
+                step = pipeline.step
+                rows = pipeline.next_batch(job.batch_size)
+                if rows is None:
+                    break
+                yield ("batch", logical, step, rows, pipeline.state_dict(), pipeline.stats(), pipeline.skipped())
+        finally:
+            pipeline.close()
         while True:  # keep torch's round-robin fixed: answer, never stop
             yield ("end", logical, None, None, None, None, None)
-
-
-def _pipeline_batches(job, logical: int):
-    """("batch", logical, step, rows, state, stats, skipped) for each batch of one worker."""
-    quota = None if job.quotas is None else job.quotas[logical]
-    pipeline = job.dataset.make_pipeline(
-        logical, job.num_logical, first_pass=job.pass_idx, quota=quota, first_step=job.first_step,
-    )
-    try:
-        if job.states[logical] is not None:
-            pipeline.load_state_dict(job.states[logical])
-        while True:
-            step = pipeline.step
-            rows = pipeline.next_batch(job.batch_size)
-            if rows is None:
-                return
-            yield ("batch", logical, step, rows, pipeline.state_dict(), pipeline.stats(), pipeline.skipped())
-    finally:
-        pipeline.close()
 
 
 class StreamingLoader:
@@ -292,10 +276,8 @@ class StreamingLoader:
         )
 
     def _remaining_plan(self, fractions: list[float]) -> PassPlan:
-        plan = self.dataset.planner.pass_plan(
-            self._pass, world_size=self.dataset.world_size, workers_per_rank=self.num_logical,
-            batch_size=self.batch_size, seq_len=self.dataset.config.seq_len,
-            packing=self.dataset.config.packing, eos_appended=self.dataset.eos_appended,
+        plan = self.dataset.pass_plan(
+            self._pass, workers_per_rank=self.num_logical, batch_size=self.batch_size,
             first_step=self._first_step, fractions=fractions,
         )
         plan.steps = _agree_min(plan.steps, self.device)
@@ -370,12 +352,8 @@ class StreamingLoader:
         left = self._remaining()
         if left == 0:
             return
-        job = self._job(self._worker_states)
-        quota = None if job.quotas is None else job.quotas[0]
-        pipeline = self.dataset.make_pipeline(0, 1, first_pass=self._pass, quota=quota, first_step=job.first_step)
+        pipeline = self._job(self._worker_states).pipeline(0)
         try:
-            if self._worker_states[0] is not None:
-                pipeline.load_state_dict(self._worker_states[0])
             self._live = pipeline
             while left is None or left > 0:
                 step = pipeline.step
@@ -399,13 +377,8 @@ class StreamingLoader:
         left = self._remaining()
         if left == 0:
             return
-        job = self._job(self._worker_states)
-        source = _WorkerBatches(
-            job.dataset, job.num_logical, job.pass_idx, job.first_step, job.quotas, job.states,
-            job.rotation, job.batch_size,
-        )
         loader = DataLoader(
-            source, batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
+            _WorkerBatches(self._job(self._worker_states)), batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
             prefetch_factor=self.prefetch_factor, multiprocessing_context=self.multiprocessing_context,
         )
         iterator = iter(loader)
@@ -430,13 +403,32 @@ class StreamingLoader:
         return batch
 
 
+@dataclass
 class _Job:
     """What a worker needs to build its share of the pass (pickled to worker processes)."""
 
-    def __init__(self, dataset, num_logical, pass_idx, first_step, quotas, states, rotation, batch_size):
-        self.dataset, self.num_logical, self.pass_idx = dataset, num_logical, pass_idx
-        self.first_step, self.quotas, self.states = first_step, quotas, states
-        self.rotation, self.batch_size = rotation, batch_size
+    dataset: PackedTokenDataset
+    num_logical: int
+    pass_idx: int
+    first_step: int
+    quotas: list[int] | None
+    states: list[dict | None]
+    rotation: int
+    batch_size: int
+
+    def pipeline(self, logical: int):
+        """Logical worker ``logical``'s pipeline, restored from its saved state if any."""
+        pipeline = self.dataset.make_pipeline(
+            logical, self.num_logical, first_pass=self.pass_idx,
+            quota=None if self.quotas is None else self.quotas[logical], first_step=self.first_step,
+        )
+        if self.states[logical] is not None:
+            try:
+                pipeline.load_state_dict(self.states[logical])
+            except BaseException:
+                pipeline.close()
+                raise
+        return pipeline
 
 
 def _check_version(state: Any) -> dict[str, Any]:
