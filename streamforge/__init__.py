@@ -14,6 +14,7 @@ from .format.writer import ShardWriter
 from .source import read_records
 from .dataset import PackedTokenDataset, Stream
 from .loader import StreamingLoader
+from .metrics import StreamLoss
 from .masks import cu_seqlens, document_block_mask, packed_causal_mask
 from .state import ResumeReport
 
@@ -36,6 +37,7 @@ __all__ = sorted(
         "ResumeReport",
         "Stream",
         "StreamingLoader",
+        "StreamLoss",
         "cu_seqlens",
         "document_block_mask",
         "packed_causal_mask",

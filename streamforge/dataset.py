@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .batch import RowBatch, expand, pad_to_rows
 from .errors import ConfigError, ResumeMismatchError
+from .evaluation import EvalPipeline, EvalPlan, build_eval_plan, check_eval_config
 from .format.manifest import Manifest
 from .format.reader import ShardSource
 from .plan import PassPlan
@@ -135,11 +136,23 @@ class PackedTokenDataset(IterableDataset):
         share_manifests: bool = True,
         weights: Any = None,
         temperature: float = 1.0,
+        evaluation: bool = False,
+        eval_tokens: int | None = None,
     ) -> None:
         """``weights`` overrides the streams' own weights: a ``{name: weight}`` mapping, or a
         schedule ``[(first_step, {name: weight}), ...]`` keyed by global step (see
-        ``docs/mixing.md``); ``temperature`` reshapes every phase as ``w ** (1/temperature)``."""
-        self.streams = _normalize_streams(streams, weights is not None)
+        ``docs/mixing.md``); ``temperature`` reshapes every phase as ``w ** (1/temperature)``.
+
+        ``evaluation=True`` makes an evaluation dataset (``docs/eval.md``): every token of
+        every stream once per pass, in the same rows on any topology, no shuffle, no
+        weights; ``eval_tokens`` keeps the first that many tokens (whole rows)."""
+        self.evaluation = bool(evaluation)
+        self.eval_tokens = None if eval_tokens is None else int(eval_tokens)
+        if self.evaluation:
+            check_eval_config(packing, infinite, eval_tokens)
+        elif eval_tokens is not None:
+            raise ConfigError("eval_tokens applies to evaluation datasets only (evaluation=True)")
+        self.streams = _normalize_streams(streams, weights is not None or self.evaluation)
         self.storage = storage or StorageConfig()
         self.manifests = (
             list(manifests) if manifests is not None else self._load_manifests(share_manifests)
@@ -193,9 +206,16 @@ class PackedTokenDataset(IterableDataset):
     def pass_plan(
         self, pass_idx: int, *, workers_per_rank: int, batch_size: int, first_step: int = 0,
         fractions: Sequence[float] | None = None,
-    ) -> PassPlan:
+    ) -> PassPlan | EvalPlan:
         """The plan of ``pass_idx`` for this job's topology (see ``plan.PassPlan``); with
-        ``fractions``, of what is left of it (``Planner.pass_plan``)."""
+        ``fractions``, of what is left of it (``Planner.pass_plan``). An evaluation dataset
+        has one pass, the same every time (``evaluation.EvalPlan``)."""
+        if self.evaluation:
+            return build_eval_plan(
+                self.planner, eos_appended=self.eos_appended, world_size=self.world_size,
+                workers_per_rank=workers_per_rank, batch_size=batch_size, seq_len=self.config.seq_len,
+                packing=self.config.packing, eval_tokens=self.eval_tokens,
+            )
         return self.planner.pass_plan(
             pass_idx, world_size=self.world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=self.config.seq_len, packing=self.config.packing,
@@ -258,13 +278,20 @@ class PackedTokenDataset(IterableDataset):
             "mixture": self.schedule.describe(),
             "world_size": self.world_size,
             **asdict(self.config),
+            **({"evaluation": True, "eval_tokens": self.eval_tokens} if self.evaluation else {}),
         }
 
     # -- pipelines -------------------------------------------------------------------------
     def make_pipeline(
         self, worker: int, num_workers: int, first_pass: int = 0, *,
-        quota: int | None = None, first_step: int = 0,
-    ) -> WorkerPipeline:
+        quota: int | None = None, first_step: int = 0, plan: PassPlan | EvalPlan | None = None,
+    ) -> WorkerPipeline | EvalPipeline:
+        """Worker ``worker``'s pipeline; an evaluation dataset's follows ``plan`` (by default
+        the plan for ``num_workers`` workers per rank and batches of one row)."""
+        if self.evaluation:
+            if not isinstance(plan, EvalPlan):
+                plan = self.pass_plan(0, workers_per_rank=num_workers, batch_size=1)
+            return EvalPipeline(self, worker, num_workers, plan)
         return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step)
 
     def __iter__(self):

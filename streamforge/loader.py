@@ -106,6 +106,8 @@ class StreamingLoader:
         self.device_prefetch = check_depth(device_prefetch, self.device)  # batches in flight (device.py)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
         self.skip_steps = SkipRanges(skip_steps)
+        if dataset.evaluation and self.skip_steps:
+            raise ConfigError("skip_steps does not apply to an evaluation loader: its pass holds every held-out token")
         self.resume_report: ResumeReport | None = None
         self._config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
         self._fingerprint = fingerprint(self._config)
@@ -120,6 +122,10 @@ class StreamingLoader:
     @property
     def infinite(self) -> bool:
         return self.dataset.config.infinite
+
+    @property
+    def evaluation(self) -> bool:
+        return self.dataset.evaluation
 
     # -- the clock -------------------------------------------------------------------------
     @property
@@ -164,6 +170,7 @@ class StreamingLoader:
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out (JSON-serializable)."""
+        self._refuse_state()
         if self._pass_over():
             self._end_pass()
         return copy.deepcopy({
@@ -189,6 +196,7 @@ class StreamingLoader:
         """Continue from ``state``: exactly when the job matches, else statistically
         (``resume_report`` says which and what was approximated). ``strict=True`` raises
         ``ResumeMismatchError`` unless the resume is exact."""
+        self._refuse_state()
         state = copy.deepcopy(_check_version(state))
         self.skip_steps = self.skip_steps | SkipRanges(state["skip_steps"])
         differences = self._differences(state)
@@ -199,6 +207,13 @@ class StreamingLoader:
             self._load_exact(state)
         else:
             self._load_statistical(state, differences)
+
+    def _refuse_state(self) -> None:
+        if self.evaluation:
+            raise ConfigError(
+                "an evaluation loader has no state to save or load: every iteration replays the same "
+                "batches from the top (see docs/eval.md)"
+            )
 
     def _differences(self, state: dict[str, Any]) -> list[str]:
         """Why ``state`` cannot resume exactly here (empty: it can); raise for another
@@ -312,7 +327,13 @@ class StreamingLoader:
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if self._pass_over():
+        if self.evaluation:  # every iteration is the same pass, from the top
+            plan = self._plan
+            self._start_pass(0, 0)
+            self._plan = plan
+            self._counters = Counters(self.dataset.stream_names, self.dataset.schedule)
+            self._stats.clear()
+        elif self._pass_over():
             self._end_pass()
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
         skips = self.skip_steps if self.skip_steps else None
@@ -332,7 +353,7 @@ class StreamingLoader:
                 continue
             self._counters.add(rows, step, num_tokens)
             yield feed.hand_out()  # the state above is this batch's: committed as it is handed out
-        if not self.infinite:
+        if not self.infinite and not self.evaluation:
             self._end_pass()
 
     def _job(self, states):
@@ -340,6 +361,7 @@ class StreamingLoader:
         return _Job(
             self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
             None if plan is None else self._quotas(), states, self._batch % self.num_logical, self.batch_size,
+            plan if self.evaluation else None,
         )
 
     def _remaining(self) -> int | None:
@@ -415,12 +437,14 @@ class _Job:
     states: list[dict | None]
     rotation: int
     batch_size: int
+    plan: Any = None  # an evaluation pass's plan (its rows are dealt in it)
 
     def pipeline(self, logical: int):
         """Logical worker ``logical``'s pipeline, restored from its saved state if any."""
         pipeline = self.dataset.make_pipeline(
             logical, self.num_logical, first_pass=self.pass_idx,
             quota=None if self.quotas is None else self.quotas[logical], first_step=self.first_step,
+            plan=self.plan,
         )
         if self.states[logical] is not None:
             try:

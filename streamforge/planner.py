@@ -125,6 +125,27 @@ class Planner:
             for key, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(*k), wanted)):
                 self._prefix[key] = prefix
 
+    def prefetch_counts(self, stream: int, ranges: Sequence[Range]) -> None:
+        """Read, in parallel, the record indexes ``counts`` needs for ``ranges`` of a stream."""
+        per_stream: list[list[list[Range]]] = [[] for _ in self.names]
+        per_stream[stream] = [list(ranges)]
+        self._prefetch_counts(per_stream)
+
+    def record_lengths(self, stream: int, shards: Sequence[int], *, eos: bool) -> list[np.ndarray]:
+        """Token count of every record of each of ``shards`` (plus one per non-empty record
+        with ``eos``), their indexes read in parallel."""
+        wanted = [k for k in shards if (stream, k) not in self._prefix]
+        if wanted:
+            with ThreadPoolExecutor(max(1, min(_FETCH_THREADS, len(wanted)))) as pool:
+                for k, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(stream, k), wanted)):
+                    self._prefix[(stream, k)] = prefix
+        out = []
+        for k in shards:
+            tokens, docs = self._prefix[(stream, k)]
+            lengths = np.diff(tokens)
+            out.append(lengths + np.diff(docs) if eos else lengths)
+        return out
+
     def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
         key = (stream, shard)
         if key not in self._prefix:

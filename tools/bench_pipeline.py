@@ -64,6 +64,7 @@ LITDATA = 51e6  # the issue's figure for LitData from zstd chunks, no workers, t
 TARGET_W0 = 0.30  # of the zstd ceiling
 TARGET_W2 = 25e6
 TARGET_RESUME = 1.5
+TARGET_EVAL = 0.90  # evaluation pass tokens/s over the training pass, same num_workers
 IGNORE = -100
 M = 1e6
 
@@ -188,8 +189,8 @@ def time_memmap(path: str) -> tuple[float, int]:
 
 
 # -- streamforge ---------------------------------------------------------------------------------
-def make_loader(url: str, num_workers: int) -> StreamingLoader:
-    dataset = PackedTokenDataset(url, seq_len=SEQ_LEN, seed=0)
+def make_loader(url: str, num_workers: int, evaluation: bool = False) -> StreamingLoader:
+    dataset = PackedTokenDataset(url, seq_len=SEQ_LEN, seed=0, evaluation=evaluation)
     return StreamingLoader(dataset, batch_size=BATCH, num_workers=num_workers)
 
 
@@ -202,8 +203,8 @@ def real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["doc_ids"] >= 0).sum())
 
 
-def time_pass(url: str, num_workers: int) -> dict:
-    loader = make_loader(url, num_workers)
+def time_pass(url: str, num_workers: int, evaluation: bool = False) -> dict:
+    loader = make_loader(url, num_workers, evaluation)
     tokens = batches = 0
     first = None
     start = time.perf_counter()
@@ -272,7 +273,7 @@ def profile_pass(url: str, top: int) -> None:
 def measure_throughput(meta: dict, repeats: int) -> dict[str, list[dict]]:
     """Each case once per repeat, interleaved: {case: [{"seconds", "tokens", ...}, ...]}."""
     shards, _ = load_frames(meta["url"])
-    cases = ["zstd", "memmap"] + [f"w{w}" for w in WORKERS]
+    cases = ["zstd", "memmap"] + [f"w{w}" for w in WORKERS] + [f"e{w}" for w in WORKERS]
     out: dict[str, list[dict]] = {c: [] for c in cases}
     # round 0 warms the page cache and the allocator and is not counted
     with tqdm(total=(repeats + 1) * len(cases), desc="throughput", leave=False) as bar:
@@ -292,7 +293,7 @@ def run_case(case: str, meta: dict, shards) -> dict:
     if case == "memmap":
         seconds, tokens = time_memmap(meta["flat"])
         return {"seconds": seconds, "tokens": tokens}
-    return time_pass(meta["url"], int(case[1:]))
+    return time_pass(meta["url"], int(case[1:]), evaluation=case[0] == "e")
 
 
 def check_contract(url: str, num_batches: int = 50) -> int:
@@ -346,6 +347,9 @@ def summarize(runs: dict[str, list[dict]], resume: dict, wire: dict) -> dict:
          rate["w2"] >= TARGET_W2, f"{rate['w2'] / M:.1f}M"),
         ("resume / fresh start, worst", max(ratios.values()), f"<= {TARGET_RESUME}x",
          max(ratios.values()) <= TARGET_RESUME, f"{max(ratios.values()):.2f}x"),
+        *[(f"evaluation / training tokens/s, num_workers={w}", rate[f"e{w}"] / rate[f"w{w}"],
+           f">= {TARGET_EVAL:.0%}", rate[f"e{w}"] >= TARGET_EVAL * rate[f"w{w}"],
+           f"{rate[f'e{w}'] / rate[f'w{w}']:.1%}") for w in WORKERS],
     ]
     return {"rate": rate, "first": first, "resume": times, "ratios": ratios, "checks": checks,
             "wire": wire, "state_batches": resume["batches"]}
@@ -356,6 +360,8 @@ CASE_NAMES = {
     "memmap": "ceiling: packing the flat np.memmap, 1 process",
     "w0": "streamforge, num_workers=0",
     "w2": "streamforge, num_workers=2",
+    "e0": "streamforge evaluation pass (`evaluation=True`), num_workers=0",
+    "e2": "streamforge evaluation pass (`evaluation=True`), num_workers=2",
 }
 
 
@@ -392,10 +398,11 @@ def plot(s: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = ["zstd\nceiling", "memmap\nceiling", "streamforge\nworkers=0", "streamforge\nworkers=2"]
-    values = [s["rate"][c] / M for c in ("zstd", "memmap", "w0", "w2")]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bars = ax.bar(labels, values, color=["#9e9e9e", "#9e9e9e", "#1f77b4", "#1f77b4"])
+    labels = ["zstd\nceiling", "memmap\nceiling", "streamforge\nworkers=0", "streamforge\nworkers=2",
+              "eval\nworkers=0", "eval\nworkers=2"]
+    values = [s["rate"][c] / M for c in ("zstd", "memmap", "w0", "w2", "e0", "e2")]
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    bars = ax.bar(labels, values, color=["#9e9e9e", "#9e9e9e", "#1f77b4", "#1f77b4", "#2ca02c", "#2ca02c"])
     ax.bar_label(bars, fmt="%.0fM")
     ax.hlines(TARGET_W0 * s["rate"]["zstd"] / M, 1.6, 2.4, colors="C3", linestyles="--",
               label=f"target workers=0: {TARGET_W0:.0%} of zstd")

