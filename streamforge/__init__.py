@@ -16,7 +16,7 @@ from .dataset import PackedTokenDataset, Stream
 from .loader import StreamingLoader
 from .metrics import StreamLoss
 from .masks import cu_seqlens, document_block_mask, packed_causal_mask
-from .state import ResumeReport
+from .state import ResumeReport, merge_states, unpack_state
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,8 @@ __all__ = sorted(
         "StreamingLoader",
         "StreamLoss",
         "cu_seqlens",
+        "merge_states",
+        "unpack_state",
         "document_block_mask",
         "packed_causal_mask",
     ]

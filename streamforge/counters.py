@@ -101,3 +101,17 @@ class Counters:
             "skipped_tokens": self.skipped_tokens,
             "dropped_tokens": self.dropped_tokens,
         }
+
+
+def spread(states: list[dict[str, Any]], ways: int) -> dict[str, Any]:
+    """Counter states of several ranks summed, then shared evenly among ``ways`` ranks (a
+    resume on another number of ranks: the job's totals carry over)."""
+    out: dict[str, Any] = {}
+    for key in _KEYS:
+        values = [np.asarray(s[key], np.float64) for s in states]
+        total = sum(values[1:], values[0]) / ways
+        out[key] = total.tolist() if total.ndim else float(total)
+    for key in ("skipped_tokens", "dropped_tokens"):
+        out[key] = int(round(out[key]))
+    out["skipped_steps"] = max(int(s["skipped_steps"]) for s in states)  # every rank skips the same steps
+    return out

@@ -35,7 +35,8 @@ from .errors import ConfigError, ResumeMismatchError
 from .plan import PassPlan
 from .resume import statistical_worker_states, stream_positions
 from .schedule import SkipRanges
-from .state import STATE_KEYS, STATE_VERSION, ResumeReport, config_differences, fingerprint
+from .counters import spread
+from .state import STATE_VERSION, ResumeReport, config_differences, fingerprint, pack_state, saved_ranks, unpack_state
 
 log = logging.getLogger(__name__)
 
@@ -169,27 +170,31 @@ class StreamingLoader:
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The state after the last batch handed out (JSON-serializable)."""
+        """The job's state after the last batch handed out (``state.py``): the same dict on
+        every rank under torch.distributed (the ranks' cursors are all-gathered here, at
+        checkpoint time only, so every rank must call it); without a process group, it holds
+        this rank's part only (``merge_states`` joins the ranks')."""
         self._refuse_state()
         if self._pass_over():
             self._end_pass()
-        return copy.deepcopy({
+        part = {
+            "rank": self.dataset.rank, "workers": self._worker_states, "pass_tokens": self._pass_tokens,
+            "counters": self._counters.state_dict(), "skipped": self.skipped(),
+        }
+        return pack_state({
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
             "config": self._config,
-            "rank": self.dataset.rank,
             "world_size": self.dataset.world_size,
             "workers_per_rank": self.num_logical,
+            "batch_size": self.batch_size,
             "step": self.step,
             "pass": self._pass,
             "pass_first_step": self._first_step,
             "batch": self._batch,
-            "pass_tokens": self._pass_tokens,
-            "workers": self._worker_states,
             "skip_steps": self.skip_steps.to_list(),
-            "counters": self._counters.state_dict(),
             "remaining": self._fractions,
-            "skipped": self.skipped(),
+            "ranks": _gather(part, self.dataset.rank, self.dataset.world_size),
         })
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
@@ -197,15 +202,26 @@ class StreamingLoader:
         (``resume_report`` says which and what was approximated). ``strict=True`` raises
         ``ResumeMismatchError`` unless the resume is exact."""
         self._refuse_state()
-        state = copy.deepcopy(_check_version(state))
+        state = copy.deepcopy(unpack_state(state))
         self.skip_steps = self.skip_steps | SkipRanges(state["skip_steps"])
         differences = self._differences(state)
         if strict and differences:
             raise ResumeMismatchError("the resume would not be exact: " + "; ".join(differences))
-        self._counters.load_state_dict(state["counters"])
+        have = saved_ranks(state)
+        if not have:
+            raise ResumeMismatchError("loader state holds no rank's part")
         if not differences:
-            self._load_exact(state)
+            part = state["ranks"][self.dataset.rank]
+            if part is None:
+                raise ResumeMismatchError(
+                    f"this state holds the part of rank(s) {have} of {state['world_size']}, not of rank "
+                    f"{self.dataset.rank}: save under torch.distributed (state_dict() gathers every rank's "
+                    "part) or join the ranks' states with streamforge.merge_states"
+                )
+            self._counters.load_state_dict(part["counters"])
+            self._load_exact(state, part)
         else:
+            self._counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
             self._load_statistical(state, differences)
 
     def _refuse_state(self) -> None:
@@ -216,29 +232,18 @@ class StreamingLoader:
             )
 
     def _differences(self, state: dict[str, Any]) -> list[str]:
-        """Why ``state`` cannot resume exactly here (empty: it can); raise for another
-        rank's state on the same job."""
+        """Why ``state`` cannot resume exactly here (empty: it can)."""
         differences = config_differences(state["config"], self._config)
         if not differences and state["fingerprint"] != self._fingerprint:
             differences = [f"fingerprint {state['fingerprint']} != {self._fingerprint}"]
-        saved_rank, saved_world = int(state["rank"]), int(state["world_size"])
-        rank, world = self.dataset.rank, self.dataset.world_size
-        if not differences and saved_rank != rank:
-            raise ResumeMismatchError(
-                f"this state belongs to rank {saved_rank} of {saved_world}; it was loaded on rank {rank}: "
-                "each rank loads its own state"
-            )
-        if saved_world != world and rank >= saved_world:
-            differences.append(f"rank {rank} was not in the saved job of {saved_world} ranks: its position is "
-                               f"estimated from rank {saved_rank}'s state")
         return differences
 
-    def _load_exact(self, state: dict[str, Any]) -> None:
+    def _load_exact(self, state: dict[str, Any], part: dict[str, Any]) -> None:
         self._start_pass(int(state["pass"]), int(state["pass_first_step"]))
-        self._fractions = state.get("remaining")
+        self._fractions = state["remaining"]
         self._batch = int(state["batch"])
-        self._pass_tokens = int(state["pass_tokens"])
-        workers = state["workers"]
+        self._pass_tokens = int(part["pass_tokens"])
+        workers = part["workers"]
         if len(workers) != self.num_logical:
             raise ResumeMismatchError(f"loader state has {len(workers)} worker states, this loader {self.num_logical}")
         if self._fractions is not None:
@@ -252,7 +257,7 @@ class StreamingLoader:
             "exact",
             f"step {self.step} (pass {self._pass}, batch {self._batch}): every stage restored from its "
             "cursor; the next batches are those of the uninterrupted run",
-            skipped=state.get("skipped", []),
+            skipped=part["skipped"],
         )
 
     def _check_workers(self, workers: list) -> None:
@@ -279,7 +284,9 @@ class StreamingLoader:
             self._plan = self._remaining_plan(self._fractions)
             notes.append(f"the rest of pass {self._pass} has {self._plan.steps} steps on every rank, "
                          f"from step {step}")
-        notes.append("mixture counters carry over from the saved rank")
+        have = saved_ranks(state)
+        notes.append(f"the job's counters carry over: summed over the {len(have)} saved rank(s) {have}, "
+                     f"shared evenly among {self.dataset.world_size}")
         log.warning("streamforge: statistical resume at step %d: %s", step, "; ".join(differences))
         self.resume_report = ResumeReport(
             "statistical",
@@ -287,7 +294,7 @@ class StreamingLoader:
             "in each stream's pass with the same mixture and step",
             differences=differences,
             approximations=notes,
-            skipped=state.get("skipped", []),
+            skipped=[item for r in saved_ranks(state) for item in state["ranks"][r]["skipped"]],
         )
 
     def _remaining_plan(self, fractions: list[float]) -> PassPlan:
@@ -455,19 +462,16 @@ class _Job:
         return pipeline
 
 
-def _check_version(state: Any) -> dict[str, Any]:
-    if not isinstance(state, dict):
-        raise ResumeMismatchError(f"loader state must be a dict, got {type(state).__name__}")
-    version = state.get("version")
-    if version != STATE_VERSION:
-        older = isinstance(version, int) and version < STATE_VERSION
-        hint = (" (written before the global step existed: it has no step, rank or plan to resume from; "
-                "start the data order afresh or resume with the streamforge that wrote it)") if older else ""
-        raise ResumeMismatchError(f"loader state version {version!r}, this streamforge reads {STATE_VERSION}{hint}")
-    missing = [k for k in STATE_KEYS if k not in state]
-    if missing:
-        raise ResumeMismatchError(f"loader state lacks {missing}")
-    return state
+def _gather(part: dict[str, Any], rank: int, world_size: int) -> list[dict[str, Any] | None]:
+    """Every rank's part under torch.distributed (one all-gather); else this rank's alone."""
+    dist = torch.distributed
+    if world_size > 1 and dist.is_available() and dist.is_initialized() and dist.get_world_size() == world_size:
+        parts: list[Any] = [None] * world_size
+        dist.all_gather_object(parts, part)
+        return parts
+    parts = [None] * world_size
+    parts[rank] = part
+    return parts
 
 
 def _agree_min(value: int, device: torch.device) -> int:

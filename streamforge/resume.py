@@ -1,9 +1,9 @@
 """Statistical resume: continue from the same place in each stream when exactness is impossible.
 
 When the topology or the corpus changed, saved cursors point into a plan that no longer
-exists. We measure, from the saved workers' states (read through each stage's own
-``position``/``*_states`` helpers, never by hand), how far each stream's pass had gone
-(records handed on / records assigned, on the saved plan of the saved rank), and start every
+exists. We measure, from the saved workers' states of every rank the global state holds (read
+through each stage's own ``position``/``*_states`` helpers, never by hand), how far each
+stream's pass had gone (records handed on / records assigned, on the saved plan), and start every
 new worker that same fraction into its ranges of the new plan for the same pass
 (``WorkerPipeline.seek``). The report lists what that approximates.
 """
@@ -22,8 +22,10 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
     notes for the report."""
     config = saved["config"]
     saved_streams = {s["name"]: (i, s) for i, s in enumerate(config.get("streams", []))}
-    saved_rank, saved_world = int(saved["rank"]), int(saved["world_size"])
-    saved_w = int(saved["workers_per_rank"])
+    saved_world, saved_w = int(saved["world_size"]), int(saved["workers_per_rank"])
+    parts = [p for p in saved["ranks"] if p is not None]
+    have = [int(p["rank"]) for p in parts]
+    workers = [(int(p["rank"]) * saved_w + w, state) for p in parts for w, state in enumerate(p["workers"])]
     pass_idx = int(saved["pass"])
     planner = dataset.planner
     notes: list[str] = []
@@ -40,8 +42,7 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
             out.append((pass_idx, 0.0))
             continue
         rows = []
-        for w, worker_state in enumerate(saved["workers"]):
-            g = saved_rank * saved_w + w
+        for g, worker_state in workers:
 
             def ranges_for(p: int, _g=g) -> list:
                 return planner.worker_ranges(i, p, saved_world * saved_w, _g)
@@ -58,8 +59,9 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
         fraction = sum(fractions) / len(fractions)
         consumed = sum(r[1] for r in rows if r[0] == stream_pass)
         assigned = sum(r[2] for r in rows if r[0] == stream_pass)
+        whose = f"the saved job ({len(have)} ranks)" if len(have) == saved_world else f"saved rank(s) {have}"
         notes.append(
-            f"stream {stream.name!r}: pass {stream_pass}, {fraction:.1%} consumed on saved rank {saved_rank} "
+            f"stream {stream.name!r}: pass {stream_pass}, {fraction:.1%} consumed over {whose} "
             f"({consumed} of {assigned} records over {len(rows)} saved workers); every new worker "
             f"starts {fraction:.1%} into its ranges of the new plan, so records near that cut may "
             "be read twice or not at all in this pass"

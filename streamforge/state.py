@@ -1,15 +1,27 @@
-"""Loader state: version, fingerprint, and what a resume did.
+"""Loader state: one global state for the whole job, its version, and what a resume did.
 
-The loader's state is plain data::
+``StreamingLoader.state_dict()`` returns the same small dict on every rank::
 
-    {"version": 2, "fingerprint": "...", "config": {...},
-     "rank": r, "world_size": R, "workers_per_rank": W,
-     "step": s, "pass": p, "pass_first_step": s0, "batch": i, "pass_tokens": t,
-     "workers": [pipeline state or None, ...], "skip_steps": [[a, b], ...],
-     "counters": {...}, "skipped": [...]}
+    {"version": 3, "step": s, "pass": p, "world_size": R, "state": "<JSON>"}
 
-``step`` is the global step of the next batch; ``batch`` the rank's next local batch in the
-pass (``step = pass_first_step + batch``), which comes from worker ``batch % W``.
+The flat outer keys never change shape, so ``torch.distributed.checkpoint`` (which treats
+non-tensor values as replicated and loads into the keys of a fresh loader's state) round-trips
+it, and so does ``torch.save``. ``unpack_state`` gives the JSON part as plain data, the
+*global state*::
+
+    {"version": 3, "fingerprint": "...", "config": {...},
+     "world_size": R, "workers_per_rank": W, "batch_size": B,
+     "step": s, "pass": p, "pass_first_step": s0, "batch": i,
+     "skip_steps": [[a, b], ...], "remaining": null or [fraction per stream],
+     "ranks": [{"rank": r, "workers": [pipeline state or None, ...], "pass_tokens": t,
+                "counters": {...}, "skipped": [...]}, ...]}
+
+``step`` is the global step of the next batch (the same on every rank); ``batch`` every
+rank's next local batch in the pass (``step = pass_first_step + batch``), which comes from
+worker ``batch % W``. ``ranks[r]`` is rank ``r``'s part: the cursors of its W workers. Under
+torch.distributed the parts are gathered at checkpoint time (one all-gather of a few KB per
+rank); without a process group each rank's state holds its own part only (the others None)
+and ``merge_states`` joins them.
 
 ``config`` holds every value exactness depends on (stream names, weights and manifest
 fingerprints; seed; world size R; workers per rank W; seq_len; packing; boundary; shuffle
@@ -22,14 +34,20 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-STATE_VERSION = 2
+from .errors import ResumeMismatchError
+
+STATE_VERSION = 3
+OUTER_KEYS = ("version", "step", "pass", "world_size", "state")
 STATE_KEYS = (
-    "version", "fingerprint", "config", "rank", "world_size", "workers_per_rank", "step", "pass",
-    "pass_first_step", "batch", "pass_tokens", "workers", "skip_steps", "counters",
+    "version", "fingerprint", "config", "world_size", "workers_per_rank", "batch_size", "step", "pass",
+    "pass_first_step", "batch", "skip_steps", "remaining", "ranks",
 )
+RANK_KEYS = ("rank", "workers", "pass_tokens", "counters", "skipped")
 MODES = ("exact", "elastic", "statistical")
+_SAME_ACROSS_RANKS = ("fingerprint", "world_size", "workers_per_rank", "batch_size", "step", "pass",
+                      "pass_first_step", "batch", "remaining")
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -37,7 +55,86 @@ def fingerprint(config: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
+def pack_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The outer dict of a global state (see the module docstring)."""
+    return {
+        "version": STATE_VERSION, "step": int(state["step"]), "pass": int(state["pass"]),
+        "world_size": int(state["world_size"]), "state": json.dumps(state, separators=(",", ":")),
+    }
+
+
+def unpack_state(state: Any) -> dict[str, Any]:
+    """The global state inside a loader state (plain data), checked for version and keys."""
+    if not isinstance(state, dict):
+        raise ResumeMismatchError(f"loader state must be a dict, got {type(state).__name__}")
+    version = state.get("version")
+    if version != STATE_VERSION:
+        hint = ""
+        if version == 2:
+            hint = (" (one rank's state, written before states were global: resume it with the "
+                    "streamforge that wrote it, or start the data order afresh)")
+        elif isinstance(version, int) and version < 2:
+            hint = (" (written before the global step existed: it has no step, rank or plan to resume from; "
+                    "start the data order afresh or resume with the streamforge that wrote it)")
+        raise ResumeMismatchError(f"loader state version {version!r}, this streamforge reads {STATE_VERSION}{hint}")
+    inner = state.get("state", state)
+    if isinstance(inner, (str, bytes)):
+        try:
+            inner = json.loads(inner)
+        except ValueError as exc:
+            raise ResumeMismatchError(f"loader state: the 'state' field is not valid JSON ({exc})") from None
+    if not isinstance(inner, dict):
+        raise ResumeMismatchError(f"loader state: 'state' holds {type(inner).__name__}, not the global state")
+    missing = [k for k in STATE_KEYS if k not in inner]
+    if missing:
+        raise ResumeMismatchError(f"loader state lacks {missing}")
+    ranks = inner["ranks"]
+    if not isinstance(ranks, list) or len(ranks) != int(inner["world_size"]):
+        raise ResumeMismatchError(
+            f"loader state: 'ranks' must list one part per rank of the saved job ({inner['world_size']}), "
+            f"got {len(ranks) if isinstance(ranks, list) else type(ranks).__name__}"
+        )
+    for r, part in enumerate(ranks):
+        if part is None:
+            continue
+        lacking = [k for k in RANK_KEYS if k not in part]
+        if lacking or int(part["rank"]) != r:
+            raise ResumeMismatchError(f"loader state: ranks[{r}] " + (
+                f"lacks {lacking}" if lacking else f"holds the part of rank {part['rank']}"))
+    return inner
+
+
+def saved_ranks(state: dict[str, Any]) -> list[int]:
+    """The ranks whose parts a global state holds."""
+    return [r for r, part in enumerate(state["ranks"]) if part is not None]
+
+
+def merge_states(states: Sequence[Any]) -> dict[str, Any]:
+    """One loader state from the states of the job's ranks, each holding its own part
+    (states saved without a process group); raises naming what disagrees."""
+    if not states:
+        raise ResumeMismatchError("merge_states needs at least one state")
+    inner = [unpack_state(s) for s in states]
+    first = inner[0]
+    merged = dict(first, ranks=list(first["ranks"]))
+    for i, other in enumerate(inner[1:], 1):
+        for key in _SAME_ACROSS_RANKS:
+            if other[key] != first[key]:
+                raise ResumeMismatchError(
+                    f"merge_states: state {i} has {key} {other[key]!r}, state 0 {first[key]!r}: "
+                    "the states are not of the same job and step"
+                )
+        for r in saved_ranks(other):
+            if merged["ranks"][r] is not None and merged["ranks"][r] != other["ranks"][r]:
+                raise ResumeMismatchError(f"merge_states: two different parts for rank {r}")
+            merged["ranks"][r] = other["ranks"][r]
+        merged["skip_steps"] = sorted({tuple(x) for x in merged["skip_steps"]} | {tuple(x) for x in other["skip_steps"]})
+    merged["skip_steps"] = [list(x) for x in merged["skip_steps"]]
+    return pack_state(merged)
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+
     """Human-readable differences between two loader configs, one line per field."""
     out = []
     for key in sorted(set(saved) | set(current)):

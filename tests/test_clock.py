@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pipeline_helpers import dataset, loader, random_docs, take, write_stream
 from streamforge.plan import PassPlan
+from streamforge.state import saved_ranks, unpack_state
 
 
 def _skewed_corpus(root, rng, kind):
@@ -124,7 +125,8 @@ def test_state_records_who_saved_it(tmp_path):
     ldr = loader(dataset(corpus, rank=1, world_size=2), num_workers=2)
     take(ldr, 3)
     state = ldr.state_dict()
-    assert (state["rank"], state["world_size"], state["workers_per_rank"], state["step"]) == (1, 2, 2, 3)
+    inner = unpack_state(state)
+    assert (saved_ranks(inner), inner["world_size"], inner["workers_per_rank"], inner["step"]) == ([1], 2, 2, 3)
 
 
 def test_plan_counts_read_only_the_split_shards(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from streamforge import unpack_state
 
 CONFIGS = [
     pytest.param(dict(num_workers=0), id="w0"),
@@ -70,8 +71,9 @@ def test_state_is_small_and_versioned(corpus):
     state = ldr.state_dict()
     blob = json.dumps(state)
     assert len(blob) < 16_000
-    assert state["version"] == 2 and len(state["fingerprint"]) == 32
-    assert state["config"]["workers_per_rank"] == 2 and state["config"]["batch_size"] == 2
+    inner = unpack_state(state)
+    assert state["version"] == inner["version"] == 3 and len(inner["fingerprint"]) == 32
+    assert inner["config"]["workers_per_rank"] == 2 and inner["config"]["batch_size"] == 2
 
 
 def test_state_saved_mid_iteration_ignores_prefetched_batches(corpus):
