@@ -20,9 +20,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
-from .batch import RowBatch, expand, pad_to_rows
+from .batch import RowBatch, pad_to_rows
+from .blocks import BlockIterator
 from .errors import ConfigError, ResumeMismatchError
 from .evaluation import EvalPipeline, EvalPlan, build_eval_plan, check_eval_config
 from .format.manifest import Manifest
@@ -294,19 +295,9 @@ class PackedTokenDataset(IterableDataset):
             return EvalPipeline(self, worker, num_workers, plan)
         return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step)
 
-    def __iter__(self):
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        pipeline = self.make_pipeline(worker, num_workers)
-        try:
-            while True:
-                rows = pipeline.next_batch(1)
-                if rows is None:
-                    return
-                block = expand(rows, boundary=self.config.boundary, provenance=self.config.provenance)
-                yield {k: v[0] for k, v in block.items()}
-        finally:
-            pipeline.close()
+    def __iter__(self) -> BlockIterator:
+        """The calling worker's blocks, with ``state_dict``/``load_state_dict`` (blocks.py)."""
+        return BlockIterator(self)
 
 
 class WorkerPipeline:

@@ -10,6 +10,9 @@ whether to pass the response through or to damage it in one of these ways:
 
 Only methods in ``methods`` (GET by default: the reads) are faulted. The draws come from
 ``random.Random(seed)`` in request order, so a run is repeatable up to thread scheduling.
+
+With ``rate=0`` it is a plain pass-through that counts: ``requests`` and ``bytes_served``
+(body bytes of the GET responses sent in full), whichever process made the requests.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.requests = 0
+        self.bytes_served = 0
         self.faults = dict.fromkeys(KINDS, 0)
         proxy = self
 
@@ -82,6 +86,10 @@ class FaultProxy:
             kind = self._rng.choice(self.kinds)
             self.faults[kind] += 1
             return kind
+
+    def served(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_served += nbytes
 
     @property
     def total_faults(self) -> int:
@@ -134,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_head(status, reason, headers, len(data))
         if kind is None or self.command == "HEAD" or not data:
             if self.command != "HEAD":
+                if self.command == "GET":  # counted before the client can see it
+                    self.owner.served(len(data))
                 self.wfile.write(data)
             return
         self.wfile.write(data[: len(data) // 2])
