@@ -25,7 +25,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .batch import RowBatch
-from .errors import ConfigError, ShardCorruptError
+from .errors import ConfigError, ResumeMismatchError, ShardCorruptError
+from .stages.base import check_state
 
 _CHUNK_TOKENS = 1 << 18  # tokens read per request to a shard's records (whole records)
 
@@ -421,7 +422,23 @@ class EvalPipeline:
         return base + int(lengths[:d].sum()) + (local - int(per_doc[d])) * T
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches}
+        return {"batches": self.batches, "row": self.row}
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        check_state(state, ("batches", "row"), "EvalPipeline")
+        start = self.plan.runs[self.dataset.rank * self.num_workers + self.worker][0]
+        if not 0 <= int(state["batches"]) <= self.quota or not start <= int(state["row"]) <= self.stop:
+            raise ResumeMismatchError(
+                f"EvalPipeline: worker {self.worker} at batch {state['batches']}, row {state['row']}: outside "
+                f"0..{self.quota} batches and rows {start}..{self.stop} of this evaluation pass"
+            )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state)
+        self.close()
+        self._readers.clear()
+        self.sources = [None] * len(self.plan.streams)
+        self.batches, self.row = int(state["batches"]), int(state["row"])
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"padded_rows": self.padded_rows}

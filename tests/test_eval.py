@@ -240,3 +240,18 @@ def test_deal_rows_covers_each_row_once_within_capacity(rows, world, workers, ba
         assert 0 <= b - a <= batches * batch
     sizes = [b - a for a, b in runs]
     assert max(sizes) - min(sizes) <= batch  # balanced up to the capacities' own spread
+
+
+def test_direct_iteration_of_an_evaluation_dataset_resumes_by_cursor(corpus):
+    from streamforge.blocks import BlockIterator
+
+    ds = _dataset(corpus)
+    whole = list(BlockIterator(ds))
+    it = BlockIterator(ds)
+    head = [next(it) for _ in range(7)]
+    state = json.loads(json.dumps(it.state_dict()))
+    again = BlockIterator(ds)
+    again.load_state_dict(state)
+    for a, b in zip(head + list(again), whole):
+        assert all(torch.equal(a[k], b[k]) for k in KEYS)
+    assert len(head) + len(list(BlockIterator(ds))) - 7 == len(whole)
