@@ -25,6 +25,7 @@ from torch.utils.data import IterableDataset
 from .batch import RowBatch, pad_to_rows
 from .blocks import BlockIterator
 from .errors import ConfigError, ResumeMismatchError
+from .elastic import worker_work
 from .evaluation import EvalPipeline, EvalPlan, build_eval_plan, check_eval_config
 from .format.manifest import Manifest
 from .format.reader import ShardSource
@@ -293,7 +294,8 @@ class PackedTokenDataset(IterableDataset):
             if not isinstance(plan, EvalPlan):
                 plan = self.pass_plan(0, workers_per_rank=num_workers, batch_size=1)
             return EvalPipeline(self, worker, num_workers, plan)
-        return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step)
+        work = plan if isinstance(plan, PassPlan) and plan.partials is not None else None
+        return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step, work=work)
 
     def __iter__(self) -> BlockIterator:
         """The calling worker's blocks, with ``state_dict``/``load_state_dict`` (blocks.py)."""
@@ -306,12 +308,14 @@ class WorkerPipeline:
     The pipeline builds its worker's batches of the rank's sequence: its ``j``-th batch has
     global step ``first_step + j * W + worker`` (``plan.PassPlan.step_of``); the interleaver
     is told that step before the batch is built. In a finite pass, ``quota`` is the number of
-    batches this worker builds (``PassPlan.batches_of``); every one is full.
+    batches this worker builds (``PassPlan.batches_of``); every one is full. ``work`` is the
+    plan of the rest of a pass after an elastic resume (``elastic.py``): in that pass the
+    worker reads its share of the work left, partial documents first.
     """
 
     def __init__(
         self, dataset: PackedTokenDataset, worker: int, num_workers: int, first_pass: int, *,
-        quota: int | None = None, first_step: int = 0,
+        quota: int | None = None, first_step: int = 0, work: PassPlan | None = None,
     ) -> None:
         cfg = dataset.config
         self.dataset = dataset
@@ -325,13 +329,13 @@ class WorkerPipeline:
         self.padded_rows = 0
         self.sources = []
         buffers = []
-        planner = dataset.planner
+        assigned = None if work is None else list(zip(work.ranges, work.partials))
         for i, stream in enumerate(dataset.streams):
             source = dataset.open_source(i)
-
-            def ranges_for(pass_idx: int, _i=i) -> list:
-                return planner.worker_ranges(_i, pass_idx, self.num_global_workers, self.global_worker)
-
+            ranges_for, partials_for = worker_work(
+                dataset, i, self.num_global_workers, self.global_worker, -1 if work is None else work.pass_idx,
+                assigned,
+            )
             reader = ShardReader(
                 source, ranges_for=ranges_for, stream_key=stream.name, infinite=cfg.infinite,
                 first_pass=first_pass,
@@ -339,7 +343,7 @@ class WorkerPipeline:
             eos = cfg.eos_id if dataset.eos_appended[i] else None
             buffers.append(ShuffleBuffer(
                 reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
-                global_worker=self.global_worker, eos_id=eos,
+                global_worker=self.global_worker, eos_id=eos, partials_for=partials_for,
             ))
             self.sources.append(source)
         self.buffers = buffers

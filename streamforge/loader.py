@@ -36,6 +36,7 @@ from .plan import PassPlan
 from .resume import statistical_worker_states, stream_positions
 from .schedule import SkipRanges
 from .counters import spread
+from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
 from .state import STATE_VERSION, ResumeReport, config_differences, fingerprint, pack_state, saved_ranks, unpack_state
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,9 @@ class StreamingLoader:
         self._skipped: dict[int, list] = {}
         self._counters = Counters(dataset.stream_names, dataset.schedule)
         self._plan: PassPlan | None = None
-        self._fractions: list[float] | None = None  # statistical resume: the pass's start
+        # after a resume on another topology: what is left of the pass, {"work": ...} (elastic)
+        # or {"fractions": [...]} (statistical); None for a whole pass
+        self._remaining: dict[str, Any] | None = None
         self._start_pass(0, 0)
 
     @property
@@ -156,7 +159,7 @@ class StreamingLoader:
         self._batch = 0
         self._pass_tokens = 0
         self._worker_states: list[dict | None] = [None] * self.num_logical
-        self._fractions = None
+        self._remaining = None
         self._plan = None
 
     def _end_pass(self) -> None:
@@ -193,15 +196,24 @@ class StreamingLoader:
             "pass_first_step": self._first_step,
             "batch": self._batch,
             "skip_steps": self.skip_steps.to_list(),
-            "remaining": self._fractions,
+            "remaining": self._remaining,
             "ranks": _gather(part, self.dataset.rank, self.dataset.world_size),
         })
 
-    def load_state_dict(self, state: dict[str, Any], *, strict: bool = False) -> None:
-        """Continue from ``state``: exactly when the job matches, else statistically
-        (``resume_report`` says which and what was approximated). ``strict=True`` raises
-        ``ResumeMismatchError`` unless the resume is exact."""
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = False, mode: str | None = None) -> None:
+        """Continue from ``state`` (``resume_report`` says how and why):
+
+        * ``exact`` when the job matches: the next batches are the uninterrupted run's;
+        * ``elastic`` when only the world size, workers per rank or batch size changed: the
+          rest of the pass is re-planned over this topology, every token not yet delivered
+          exactly once (``elastic.py``);
+        * ``statistical`` otherwise (or with ``mode="statistical"``): each stream continues
+          at the same fraction of its pass, with bounds on what may repeat or be skipped.
+
+        ``strict=True`` raises ``ResumeMismatchError`` unless the resume is exact."""
         self._refuse_state()
+        if mode not in (None, "statistical"):
+            raise ConfigError(f"mode must be None (the best the state allows) or 'statistical', got {mode!r}")
         state = copy.deepcopy(unpack_state(state))
         self.skip_steps = self.skip_steps | SkipRanges(state["skip_steps"])
         differences = self._differences(state)
@@ -210,7 +222,7 @@ class StreamingLoader:
         have = saved_ranks(state)
         if not have:
             raise ResumeMismatchError("loader state holds no rank's part")
-        if not differences:
+        if not differences and mode is None:
             part = state["ranks"][self.dataset.rank]
             if part is None:
                 raise ResumeMismatchError(
@@ -220,9 +232,13 @@ class StreamingLoader:
                 )
             self._counters.load_state_dict(part["counters"])
             self._load_exact(state, part)
+            return
+        self._counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
+        blockers = ["mode='statistical' was asked for"] if mode else elastic_blockers(self.dataset, state, differences)
+        if not blockers:
+            self._load_elastic(state, differences)
         else:
-            self._counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
-            self._load_statistical(state, differences)
+            self._load_statistical(state, differences or ["mode='statistical' was asked for"], blockers)
 
     def _refuse_state(self) -> None:
         if self.evaluation:
@@ -240,14 +256,14 @@ class StreamingLoader:
 
     def _load_exact(self, state: dict[str, Any], part: dict[str, Any]) -> None:
         self._start_pass(int(state["pass"]), int(state["pass_first_step"]))
-        self._fractions = state["remaining"]
+        self._remaining = state["remaining"]
         self._batch = int(state["batch"])
         self._pass_tokens = int(part["pass_tokens"])
         workers = part["workers"]
         if len(workers) != self.num_logical:
             raise ResumeMismatchError(f"loader state has {len(workers)} worker states, this loader {self.num_logical}")
-        if self._fractions is not None:
-            self._plan = self._remaining_plan(self._fractions)
+        if self._remaining is not None:
+            self._plan = self._remaining_plan(self._remaining)
         steps = self.plan().steps
         if not self.infinite and not 0 <= self._batch <= steps:
             raise ResumeMismatchError(f"loader state: batch {self._batch} is outside pass {self._pass} of {steps} steps")
@@ -267,21 +283,54 @@ class StreamingLoader:
                 continue
             pipeline = self.dataset.make_pipeline(
                 w, self.num_logical, first_pass=self._pass, quota=self._quotas()[w] if not self.infinite else None,
-                first_step=self.plan().first_step,
+                first_step=self.plan().first_step, plan=self._work_plan(),
             )
             try:
                 pipeline.check_state(worker_state)
             finally:
                 pipeline.close()
 
-    def _load_statistical(self, state: dict[str, Any], differences: list[str]) -> None:
+    def _load_elastic(self, state: dict[str, Any], differences: list[str]) -> None:
+        step = int(state["step"])
+        work = work_left(self.dataset, state)
+        self._start_pass(int(work["pass"]), step)
+        self._remaining = {"work": work}
+        self._plan = self._remaining_plan(self._remaining)
+        plan = self._plan
+        left = work_tokens(self.dataset, work)
+        names = self.dataset.stream_names
+        old = f"{state['world_size']} rank(s) x {state['workers_per_rank']} worker(s), batch {state['batch_size']}"
+        new = f"{self.dataset.world_size} rank(s) x {self.num_logical} worker(s), batch {self.batch_size}"
+        notes = [
+            f"stream {n!r}: {t:,} tokens left in pass {self._pass} ({len(w['ranges'])} record ranges, "
+            f"{len(w['partials'])} documents from shuffle windows and the packer's carry)"
+            for n, t, w in zip(names, left, work["streams"])
+        ]
+        notes.append(f"the rest of pass {self._pass}: {plan.steps} steps on every rank from step {step}; tokens "
+                     f"past its last full step are not delivered, at most {plan.drop_bound():,} (the drop bound)")
+        have = saved_ranks(state)
+        notes.append(f"the job's counters carry over: summed over the {len(have)} saved ranks, shared evenly "
+                     f"among {self.dataset.world_size}")
+        log.warning("streamforge: elastic resume at step %d: %s -> %s", step, old, new)
+        self.resume_report = ResumeReport(
+            "elastic",
+            f"step {step}: the rest of pass {self._pass} re-planned from {old} to {new}; every token of the pass "
+            "not yet delivered comes exactly once (documents in shuffle windows and the packer's carry "
+            "included); the order differs from the uninterrupted run's",
+            differences=differences,
+            approximations=notes,
+            skipped=[item for r in have for item in state["ranks"][r]["skipped"]],
+        )
+
+    def _load_statistical(self, state: dict[str, Any], differences: list[str], why: list[str]) -> None:
         positions, notes = stream_positions(self.dataset, state)
+        notes.insert(0, "not elastic: " + "; ".join(why))
         step = int(state["step"])
         self._start_pass(int(state["pass"]), step)
-        self._fractions = [f for _, f in positions]
+        self._remaining = {"fractions": [f for _, f in positions]}
         self._worker_states = statistical_worker_states(self.dataset, positions, self.num_logical)
         if not self.infinite:
-            self._plan = self._remaining_plan(self._fractions)
+            self._plan = self._remaining_plan(self._remaining)
             notes.append(f"the rest of pass {self._pass} has {self._plan.steps} steps on every rank, "
                          f"from step {step}")
         have = saved_ranks(state)
@@ -297,13 +346,27 @@ class StreamingLoader:
             skipped=[item for r in saved_ranks(state) for item in state["ranks"][r]["skipped"]],
         )
 
-    def _remaining_plan(self, fractions: list[float]) -> PassPlan:
+    def _remaining_plan(self, remaining: dict[str, Any]) -> PassPlan:
+        if "work" in remaining:  # every rank computes it from the same global state: no agreement needed
+            return remaining_plan(
+                self.dataset, remaining["work"], world_size=self.dataset.world_size,
+                workers_per_rank=self.num_logical, batch_size=self.batch_size, first_step=self._first_step,
+            )
         plan = self.dataset.pass_plan(
             self._pass, workers_per_rank=self.num_logical, batch_size=self.batch_size,
-            first_step=self._first_step, fractions=fractions,
+            first_step=self._first_step, fractions=remaining["fractions"],
         )
         plan.steps = _agree_min(plan.steps, self.device)
         return plan
+
+    def _work_plan(self) -> PassPlan | None:
+        """The plan workers must follow to read their ranges: an evaluation pass's, or the
+        rest of a pass after an elastic resume; None when the planner's own ranges apply."""
+        if self.evaluation:
+            return self.plan()
+        if self._remaining is not None and "work" in self._remaining and not self.infinite:
+            return self.plan()
+        return None
 
     def _quotas(self) -> list[int]:
         plan = self.plan()
@@ -368,17 +431,17 @@ class StreamingLoader:
         return _Job(
             self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
             None if plan is None else self._quotas(), states, self._batch % self.num_logical, self.batch_size,
-            plan if self.evaluation else None,
+            self._work_plan(),
         )
 
-    def _remaining(self) -> int | None:
+    def _steps_left(self) -> int | None:
         return None if self.infinite else self.plan().steps - self._batch
 
     def _in_process(self):
         """Batches built in this process. Counters are read from the live pipeline when asked
         for (``_collect_live_stats``); the state is taken after every batch (under a
         microsecond), so a failure inside a batch never leaks into it."""
-        left = self._remaining()
+        left = self._steps_left()
         if left == 0:
             return
         pipeline = self._job(self._worker_states).pipeline(0)
@@ -403,7 +466,7 @@ class StreamingLoader:
             self._skipped[0] = pipeline.skipped()
 
     def _from_workers(self):
-        left = self._remaining()
+        left = self._steps_left()
         if left == 0:
             return
         loader = DataLoader(

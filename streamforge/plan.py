@@ -199,6 +199,9 @@ class PassPlan:
     rows: list[int]
     steps: int
     first_step: int = 0
+    # after an elastic resume: per stream, per global worker, the partial documents
+    # (shard, record, token_start) it emits before its ranges (``elastic.py``)
+    partials: list[list[list[tuple[int, int, int]]]] | None = None
 
     @property
     def num_global_workers(self) -> int:
@@ -238,6 +241,8 @@ class PassPlan:
     def from_dict(cls, data: dict[str, Any]) -> "PassPlan":
         data = dict(data)
         data["ranges"] = [[[tuple(r) for r in worker] for worker in stream] for stream in data["ranges"]]
+        if data.get("partials") is not None:
+            data["partials"] = [[[tuple(d) for d in worker] for worker in stream] for stream in data["partials"]]
         return cls(**data)
 
 

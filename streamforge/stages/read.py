@@ -148,6 +148,16 @@ class ShardReader:
         done = ranges[: int(state["range"])]
         return sum(b - a for _, a, b in done) + int(state["offset"])
 
+    def unread(self) -> list[Range]:
+        """The ranges of the current pass from the cursor on (the reader's work left)."""
+        out = []
+        for i in range(self.range_idx, len(self.ranges)):
+            shard, start, stop = self.ranges[i]
+            start += self.offset if i == self.range_idx else 0
+            if stop > start:
+                out.append((shard, start, stop))
+        return out
+
     def seek(self, pass_idx: int, records: int) -> None:
         """Put the cursor ``records`` records into this worker's ranges of ``pass_idx``."""
         self._set_cursor(pass_idx, 0, 0)

@@ -20,12 +20,17 @@ order are reshuffled every pass on top of this (see plan.py).
 Zero-length records, and records the source skipped as damaged (``on_error="skip"``), are
 passed over here; with ``eos_id`` set, EOS is appended to each document, in the same copy
 that lays the window out.
+
+After an elastic resume a worker may also be handed *partial documents*: the rest of
+documents another worker had started, ``(shard, record, token_start)``. They form window -1,
+emitted before window 0 of that pass, each laid out from ``token_start`` on; provenance
+keeps counting tokens from the document's start (``base``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -60,6 +65,7 @@ class ShuffleBuffer:
         stream_key: str,
         global_worker: int,
         eos_id: int | None,
+        partials_for: Callable[[int], list] | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"shuffle buffer size must be >= 1, got {size}")
@@ -69,9 +75,14 @@ class ShuffleBuffer:
         self.stream_key = stream_key
         self.global_worker = global_worker
         self.eos_id = eos_id
-        self.window_idx = 0  # index within the pass of the loaded (or next) window
+        self.partials_for = partials_for or (lambda pass_idx: [])
         self._window_start = reader.state_dict()
+        self.window_idx = self._first_window(reader.pass_idx)  # within the pass: loaded or next
         self._clear()
+
+    def _first_window(self, pass_idx: int) -> int:
+        """-1 when the pass starts with partial documents, else 0."""
+        return -1 if self.partials_for(pass_idx) else 0
 
     def _clear(self) -> None:
         self.loaded = False
@@ -81,20 +92,59 @@ class ShuffleBuffer:
         self.record = None
         self.pos = 0
         self.token_offset = 0
+        self.base = None  # per document: where the laid-out tokens start in it (partials only)
 
     # -- windows ---------------------------------------------------------------------------
     def _load(self) -> bool:
         """Load the next non-empty window; False when a finite stream is exhausted."""
         while True:
+            if self.window_idx == -1:
+                self._window_start = self.reader.state_dict()
+                if self._fill_partials(skip=0):
+                    return True
+                self.window_idx = 0
             if self.reader.pass_done:
                 if not self.reader.next_pass():
                     self._window_start = self.reader.state_dict()
                     return False
-                self.window_idx = 0
+                self.window_idx = self._first_window(self.reader.pass_idx)
+                continue
             self._window_start = self.reader.state_dict()
             if self._fill(skip=0):
                 return True
             self.window_idx += 1
+
+    def _fill_partials(self, skip: int) -> bool:
+        """Lay out window -1: the pass's partial documents, each from its ``token_start``."""
+        partials = self.partials_for(self.reader.pass_idx)
+        if not partials:
+            return False
+        source = self.reader.source
+        size = source.dtype.itemsize
+        eos = np.array([self.eos_id], source.dtype).view(np.uint8) if self.eos_id is not None else None
+        pieces, shard, record, base = [], [], [], []
+        for s, r, start in partials:
+            docs = source.read(int(s), int(r), int(r) + 1)
+            view = _byte_views(docs)[0] if len(docs) else np.zeros(0, np.uint8)
+            if eos is not None and len(view):
+                view = np.concatenate([view, eos])
+            pieces.append(view[int(start) * size :])
+            shard.append(int(s))
+            record.append(int(r))
+            base.append(int(start))
+        lens = np.array([len(p) // size for p in pieces], np.int64)
+        self.tokens = np.concatenate(pieces).view(source.dtype) if pieces else np.zeros(0, source.dtype)
+        self.offsets = np.zeros(len(pieces) + 1, np.int64)
+        np.cumsum(lens, out=self.offsets[1:])
+        self.shard, self.record = np.array(shard, np.int64), np.array(record, np.int64)
+        self.base = np.array(base, np.int64)
+        self.loaded = True
+        self.pos = skip
+        self.token_offset = 0
+        self._offsets_list = self.offsets.tolist()
+        self._shard_list, self._record_list = shard, record
+        self._skip_empty()
+        return self.loaded
 
     def _fill(self, skip: int) -> bool:
         """Read the window at the reader's cursor and lay it out in emission order.
@@ -202,7 +252,8 @@ class ShuffleBuffer:
         stop = self._offsets_list[self.pos + 1]
         k = min(n, stop - start)
         piece = self.tokens[start : start + k]
-        meta = (self._shard_list[self.pos], self._record_list[self.pos], self.token_offset)
+        meta = (self._shard_list[self.pos], self._record_list[self.pos],
+                self.token_offset + (0 if self.base is None else int(self.base[self.pos])))
         done = start + k == stop
         if done:
             self._advance(1)
@@ -241,7 +292,8 @@ class ShuffleBuffer:
             tokens=self.tokens[first:stop],
             shard=self.shard[pos : pos + docs][keep],
             record=self.record[pos : pos + docs][keep],
-            token_start=(starts[:-1] - self.offsets[pos : pos + docs])[keep],
+            token_start=(starts[:-1] - self.offsets[pos : pos + docs]
+                         + (0 if self.base is None else self.base[pos : pos + docs]))[keep],
             length=length[keep],
             done=done,
         )
@@ -278,11 +330,16 @@ class ShuffleBuffer:
         where = f"ShuffleBuffer({self.stream_key})"
         self.window_idx = int(state["window"])
         pos, token_offset = int(state["pos"]), int(state["token_offset"])
-        if self.window_idx < 0 or pos < 0 or token_offset < 0:
+        if self.window_idx < -1 or pos < 0 or token_offset < 0:
             raise ResumeMismatchError(
                 f"{where}: window {self.window_idx}, pos {pos}, token_offset {token_offset}: none may be negative"
             )
         if not state["loaded"]:
+            return
+        if self.window_idx == -1:
+            if pos >= len(self.partials_for(self.reader.pass_idx)):
+                raise ResumeMismatchError(f"{where}: pos {pos} is outside the partial documents of pass "
+                                          f"{self.reader.pass_idx}")
             return
         shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.size))
         order = _nonempty_order(lengths, self._key())
@@ -301,10 +358,11 @@ class ShuffleBuffer:
         self.reader.load_state_dict(state["reader"])
         self._window_start = self.reader.state_dict()
         self.window_idx = int(state["window"])
-        if self.window_idx < 0:
-            raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): window {self.window_idx} is negative")
+        if self.window_idx < -1 or (self.window_idx == -1 and not self.partials_for(self.reader.pass_idx)):
+            raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): window {self.window_idx} does not exist")
         if state["loaded"]:
-            if not self._fill(skip=int(state["pos"])):
+            fill = self._fill_partials if self.window_idx == -1 else self._fill
+            if not fill(skip=int(state["pos"])):
                 raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): the saved window is empty on re-read")
             token_offset = int(state["token_offset"])
             if self.loaded and not 0 <= token_offset < self.doc_length():
@@ -330,6 +388,30 @@ class ShuffleBuffer:
         self.reader.seek(pass_idx, records)
         self._window_start = self.reader.state_dict()
         self.window_idx = 0
+
+    def work_left(self, state: dict[str, Any]) -> tuple[int, list, list[tuple[int, int, int]]]:
+        """(pass, record ranges not yet read, documents read but not wholly emitted as
+        ``(shard, record, token_start)``) of a saved state, from record indexes only (leaves
+        this buffer unusable). Together they are exactly what this worker has not handed on."""
+        self.check_state(state)
+        pass_idx = self.reader.pass_idx
+        pos, offset = int(state["pos"]), int(state["token_offset"])
+        pending: list[tuple[int, int, int]] = []
+        if self.window_idx == -1:
+            partials = self.partials_for(pass_idx)[pos if state["loaded"] else 0 :]
+            pending = [(int(s), int(r), int(t)) for s, r, t in partials]
+            if state["loaded"] and pending:
+                s, r, t = pending[0]
+                pending[0] = (s, r, t + offset)
+        elif state["loaded"]:
+            ranges = self.reader.peek_ranges(self.size)
+            shard, record, lengths = _window_records(self.reader.source, ranges)
+            order = _nonempty_order(lengths, self._key())[pos:]
+            pending = [(int(shard[k]), int(record[k]), 0) for k in order]
+            if pending:
+                pending[0] = (pending[0][0], pending[0][1], offset)
+            self.reader.skip(len(record))
+        return pass_idx, self.reader.unread(), pending
 
     def pending_records(self) -> list[tuple[int, int]]:
         """(shard, record) of documents read from the reader but not yet fully emitted."""
