@@ -61,6 +61,10 @@ class Counters:
         self.skipped_steps += 1
         self.skipped_tokens += num_tokens
 
+    def set_tokens(self, tokens: Sequence[float]) -> None:
+        """Start from these tokens per stream (documents and phases unknown: left at 0)."""
+        self._tokens = np.asarray(tokens, np.float64)
+
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _KEYS}

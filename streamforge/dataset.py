@@ -148,6 +148,7 @@ class PackedTokenDataset(IterableDataset):
         ``evaluation=True`` makes an evaluation dataset (``docs/eval.md``): every token of
         every stream once per pass, in the same rows on any topology, no shuffle, no
         weights; ``eval_tokens`` keeps the first that many tokens (whole rows)."""
+        self.resume_generation = 0  # statistical resumes behind this job (set by the loader)
         self.evaluation = bool(evaluation)
         self.eval_tokens = None if eval_tokens is None else int(eval_tokens)
         if self.evaluation:
@@ -344,6 +345,7 @@ class WorkerPipeline:
             buffers.append(ShuffleBuffer(
                 reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                 global_worker=self.global_worker, eos_id=eos, partials_for=partials_for,
+                generation=dataset.resume_generation,
             ))
             self.sources.append(source)
         self.buffers = buffers

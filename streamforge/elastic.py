@@ -44,7 +44,7 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
     for part in state["ranks"]:
         for w, worker_state in enumerate(part["workers"]):
             g = int(part["rank"]) * saved_w + w
-            buffers = _probe_buffers(dataset, pass_idx, saved_g, g, assigned)
+            buffers = _probe_buffers(dataset, pass_idx, saved_g, g, assigned, int(state["generation"]))
             if worker_state is None:  # nothing handed out: all of its work is left
                 for i, buffer in enumerate(buffers):
                     streams[i]["ranges"] += [list(r) for r in buffer.reader.ranges_for(pass_idx)]
@@ -74,7 +74,7 @@ def _merge(ranges: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned) -> list:
+def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned, generation: int) -> list:
     """Shuffle buffers configured as saved global worker ``g`` had them (reading record
     indexes through the dataset's shared index sources, never tokens)."""
     from .stages.read import ShardReader
@@ -88,7 +88,7 @@ def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned) ->
                              infinite=False, first_pass=pass_idx)
         out.append(ShuffleBuffer(reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                                  global_worker=g, eos_id=cfg.eos_id if dataset.eos_appended[i] else None,
-                                 partials_for=partials_for))
+                                 partials_for=partials_for, generation=generation))
     return out
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -33,7 +33,7 @@ from .dataset import PackedTokenDataset
 from .device import DeviceFeed, check_depth, default_device
 from .errors import ConfigError, ResumeMismatchError
 from .plan import PassPlan
-from .resume import statistical_worker_states, stream_positions
+from .resume import statistical_bounds, statistical_worker_states, stream_positions
 from .schedule import SkipRanges
 from .counters import spread
 from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
@@ -197,6 +197,7 @@ class StreamingLoader:
             "batch": self._batch,
             "skip_steps": self.skip_steps.to_list(),
             "remaining": self._remaining,
+            "generation": self.dataset.resume_generation,
             "ranks": _gather(part, self.dataset.rank, self.dataset.world_size),
         })
 
@@ -217,6 +218,10 @@ class StreamingLoader:
         state = copy.deepcopy(unpack_state(state))
         self.skip_steps = self.skip_steps | SkipRanges(state["skip_steps"])
         differences = self._differences(state)
+        if state.get("upgraded_from"):
+            differences.insert(0, f"state version {state['upgraded_from']} (one rank's state, from an older "
+                                  "streamforge): resumed statistically from that rank's cursors")
+            mode = "statistical"
         if strict and differences:
             raise ResumeMismatchError("the resume would not be exact: " + "; ".join(differences))
         have = saved_ranks(state)
@@ -234,7 +239,8 @@ class StreamingLoader:
             self._load_exact(state, part)
             return
         self._counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
-        blockers = ["mode='statistical' was asked for"] if mode else elastic_blockers(self.dataset, state, differences)
+        blockers = ([differences[0]] if state.get("upgraded_from") else ["mode='statistical' was asked for"]) if mode \
+            else elastic_blockers(self.dataset, state, differences)
         if not blockers:
             self._load_elastic(state, differences)
         else:
@@ -256,6 +262,7 @@ class StreamingLoader:
 
     def _load_exact(self, state: dict[str, Any], part: dict[str, Any]) -> None:
         self._start_pass(int(state["pass"]), int(state["pass_first_step"]))
+        self.dataset.resume_generation = int(state["generation"])
         self._remaining = state["remaining"]
         self._batch = int(state["batch"])
         self._pass_tokens = int(part["pass_tokens"])
@@ -293,6 +300,7 @@ class StreamingLoader:
     def _load_elastic(self, state: dict[str, Any], differences: list[str]) -> None:
         step = int(state["step"])
         work = work_left(self.dataset, state)
+        self.dataset.resume_generation = int(state["generation"])
         self._start_pass(int(work["pass"]), step)
         self._remaining = {"work": work}
         self._plan = self._remaining_plan(self._remaining)
@@ -325,25 +333,73 @@ class StreamingLoader:
     def _load_statistical(self, state: dict[str, Any], differences: list[str], why: list[str]) -> None:
         positions, notes = stream_positions(self.dataset, state)
         notes.insert(0, "not elastic: " + "; ".join(why))
-        step = int(state["step"])
-        self._start_pass(int(state["pass"]), step)
-        self._remaining = {"fractions": [f for _, f in positions]}
+        bounds = statistical_bounds(self.dataset, state, positions, self.num_logical)
+        have = saved_ranks(state)
+        notes.append(f"the job's counters carry over: summed over the {len(have)} saved rank(s) {have}, "
+                     f"shared evenly among {self.dataset.world_size}")
+        self._start_statistical(
+            positions, int(state["step"]), int(state["generation"]) + 1, notes, bounds, differences,
+            "the saved cursors cannot be replayed exactly here; continuing from the same position "
+            "in each stream's pass with the same mixture and step",
+            [item for r in have for item in state["ranks"][r]["skipped"]],
+        )
+
+    def _start_statistical(self, positions, step: int, generation: int, notes: list[str], bounds,
+                           differences: list[str], summary: str, skipped: list) -> None:
+        """Start every worker ``positions`` into its ranges of the new plan, at ``step``."""
+        self.dataset.resume_generation = generation
+        notes.append(f"the windows are reshuffled: resume generation {generation}")
+        self._start_pass(min((p for p, _ in positions), default=0), step)
+        self._remaining = {"fractions": [f if p == self._pass else 1.0 for p, f in positions]}
+        for name, bound in zip(self.dataset.stream_names, bounds):
+            if bound is not None:
+                notes.append(f"stream {name!r}: at most {bound[0]:,} records may be seen twice and {bound[1]:,} "
+                             f"skipped in pass {self._pass} (records read before the save, in shuffle windows "
+                             "or the packer's carry, against where the new workers start)")
         self._worker_states = statistical_worker_states(self.dataset, positions, self.num_logical)
         if not self.infinite:
             self._plan = self._remaining_plan(self._remaining)
             notes.append(f"the rest of pass {self._pass} has {self._plan.steps} steps on every rank, "
                          f"from step {step}")
-        have = saved_ranks(state)
-        notes.append(f"the job's counters carry over: summed over the {len(have)} saved rank(s) {have}, "
-                     f"shared evenly among {self.dataset.world_size}")
         log.warning("streamforge: statistical resume at step %d: %s", step, "; ".join(differences))
-        self.resume_report = ResumeReport(
-            "statistical",
-            "the saved cursors cannot be replayed exactly here; continuing from the same position "
-            "in each stream's pass with the same mixture and step",
-            differences=differences,
-            approximations=notes,
-            skipped=[item for r in saved_ranks(state) for item in state["ranks"][r]["skipped"]],
+        self.resume_report = ResumeReport("statistical", summary, differences=differences,
+                                          approximations=notes, skipped=skipped)
+
+    def resume_from_counters(self, tokens_seen: Mapping[str, float], *, step: int | None = None) -> None:
+        """Continue a job whose only record is the tokens it saw per stream (e.g. from its
+        logs): each stream starts that far into its passes, statistically, the counters carry
+        those totals, and the windows are reshuffled. ``step`` defaults to the tokens seen over
+        the tokens one step delivers. Streams left out count as unseen."""
+        self._refuse_state()
+        names = self.dataset.stream_names
+        unknown = sorted(set(tokens_seen) - set(names))
+        if unknown:
+            raise ConfigError(f"resume_from_counters: no stream named {unknown}; the streams are {names}")
+        per_pass = work_tokens(self.dataset, {"streams": [
+            {"ranges": [[k, 0, int(m.columns["num_records"][k])] for k in range(m.num_shards)], "partials": []}
+            for m in self.dataset.manifests]})
+        positions, notes = [], []
+        for name, total in zip(names, per_pass):
+            seen = float(tokens_seen.get(name, 0))
+            if seen < 0:
+                raise ConfigError(f"resume_from_counters: stream {name!r} saw {seen} tokens: must be >= 0")
+            pass_idx, into = divmod(seen, total) if total else (0, 0.0)
+            positions.append((int(pass_idx), into / total if total else 0.0))
+            notes.append(f"stream {name!r}: {seen:,.0f} tokens seen: pass {int(pass_idx)}, "
+                         f"{positions[-1][1]:.1%} into it (a pass holds {total:,} tokens)")
+        if not self.infinite:  # one pass for the job: a stream past it has that pass done
+            first = min(p for p, _ in positions)
+            positions = [(first, f if p == first else 1.0) for p, f in positions]
+        if step is None:
+            per_step = self.dataset.world_size * self.batch_size * self.dataset.config.seq_len
+            step = int(round(sum(float(v) for v in tokens_seen.values()) / per_step))
+            notes.append(f"step {step} estimated from the tokens seen ({per_step:,} tokens per step)")
+        self._counters.set_tokens([float(tokens_seen.get(n, 0)) / self.dataset.world_size for n in names])
+        self._start_statistical(
+            positions, int(step), self.dataset.resume_generation + 1, notes, [None] * len(names),
+            ["resumed from token counts only"],
+            "no cursor to replay: each stream continues at the fraction of its pass that the tokens "
+            "seen give, with the same mixture and step", [],
         )
 
     def _remaining_plan(self, remaining: dict[str, Any]) -> PassPlan:

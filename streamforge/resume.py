@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from .dataset import WorkerPipeline
-from .plan import records_at
+from .plan import records_at, trim_ranges
+from .stages.read import ShardReader
 from .stages.shuffle import ShuffleBuffer
 
 
@@ -63,11 +64,9 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
         notes.append(
             f"stream {stream.name!r}: pass {stream_pass}, {fraction:.1%} consumed over {whose} "
             f"({consumed} of {assigned} records over {len(rows)} saved workers); every new worker "
-            f"starts {fraction:.1%} into its ranges of the new plan, so records near that cut may "
-            "be read twice or not at all in this pass"
+            f"starts {fraction:.1%} into its ranges of the new plan"
         )
         out.append((stream_pass, fraction))
-    notes.append("documents pending in shuffle windows and the packer's carry at save time are not replayed")
     return out, notes
 
 
@@ -87,3 +86,105 @@ def statistical_worker_states(dataset, positions, num_logical: int) -> list[dict
         states.append(pipeline.state_dict())
         pipeline.close()
     return states
+
+
+# -- bounds ------------------------------------------------------------------------------------
+
+def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: int) -> list[tuple[int, int] | None]:
+    """Per stream, (records that may be seen twice, records that may be skipped) in the
+    current pass by a statistical resume to ``positions`` on this topology; None where the
+    stream starts its pass afresh or the saved pass plan is not the planner's.
+
+    In record space: the saved workers certainly handed on the records before their window
+    cursors (``O``); the records of their current windows (``U``) may or may not have been,
+    and a saved rank missing from the state may have handed on any of its records. The new
+    workers skip the first ``fraction`` of their new ranges (``N``). Read twice: at most
+    ``|(O + U) - N|``; never read: at most ``|N - O|``.
+    """
+    saved_g = int(saved["world_size"]) * int(saved["workers_per_rank"])
+    saved_w = int(saved["workers_per_rank"])
+    states = {int(p["rank"]) * saved_w + w: s for p in saved["ranks"] if p is not None
+              for w, s in enumerate(p["workers"])}
+    if (saved.get("remaining") or {}).get("work"):
+        return [None] * len(dataset.streams)
+    names = {s["name"]: j for j, s in enumerate(saved["config"].get("streams", []))}
+    size = dataset.config.shuffle_buffer
+    new_g = dataset.world_size * num_logical
+    planner = dataset.planner
+    out: list[tuple[int, int] | None] = []
+    for i, (stream, (pass_idx, fraction)) in enumerate(zip(dataset.streams, positions)):
+        j = names.get(stream.name)
+        if j is None or fraction == 0.0:
+            out.append(None)
+            continue
+        certain, maybe = [], []
+        for g in range(saved_g):
+            ranges = planner.worker_ranges(i, pass_idx, saved_g, g)
+            state = states.get(g, "missing")
+            if state == "missing":
+                maybe += ranges
+                continue
+            if state is None:
+                continue
+            buffer = WorkerPipeline.stream_states(state)[j]
+            if int(buffer["reader"]["pass"]) != pass_idx:
+                certain += ranges  # that worker's stream had finished this pass
+                continue
+            before = ShardReader.position(buffer["reader"], ranges)
+            certain += _prefix(ranges, before)
+            if buffer["loaded"]:
+                maybe += _prefix(trim_ranges(ranges, before), size)
+        skipped = []
+        for h in range(new_g):
+            ranges = planner.worker_ranges(i, pass_idx, new_g, h)
+            skipped += _prefix(ranges, records_at(ranges, fraction))
+        seen = _merge(certain + maybe)
+        jumped = _merge(skipped)
+        out.append((_count(_minus(seen, jumped)), _count(_minus(jumped, _merge(certain)))))
+    return out
+
+
+def _prefix(ranges, records: int) -> list:
+    out = []
+    for shard, a, b in ranges:
+        if records <= 0:
+            break
+        take = min(records, b - a)
+        out.append((shard, a, a + take))
+        records -= take
+    return out
+
+
+def _merge(ranges) -> dict[int, list[tuple[int, int]]]:
+    by_shard: dict[int, list[tuple[int, int]]] = {}
+    for shard, a, b in sorted(ranges):
+        spans = by_shard.setdefault(int(shard), [])
+        if spans and a <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], b))
+        elif b > a:
+            spans.append((a, b))
+    return by_shard
+
+
+def _minus(left: dict, right: dict) -> dict:
+    out = {}
+    for shard, spans in left.items():
+        cut = right.get(shard, [])
+        kept, k = [], 0
+        for a, b in spans:
+            while k < len(cut) and cut[k][1] <= a:
+                k += 1
+            m = k
+            while a < b and m < len(cut) and cut[m][0] < b:
+                if cut[m][0] > a:
+                    kept.append((a, cut[m][0]))
+                a = max(a, cut[m][1])
+                m += 1
+            if a < b:
+                kept.append((a, b))
+        out[shard] = kept
+    return out
+
+
+def _count(spans: dict) -> int:
+    return sum(b - a for s in spans.values() for a, b in s)

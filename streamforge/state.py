@@ -12,7 +12,8 @@ it, and so does ``torch.save``. ``unpack_state`` gives the JSON part as plain da
     {"version": 3, "fingerprint": "...", "config": {...},
      "world_size": R, "workers_per_rank": W, "batch_size": B,
      "step": s, "pass": p, "pass_first_step": s0, "batch": i,
-     "skip_steps": [[a, b], ...], "remaining": null or [fraction per stream],
+     "skip_steps": [[a, b], ...], "remaining": null, {"work": ...} or {"fractions": [...]},
+     "generation": statistical resumes behind the job (each reshuffles the windows),
      "ranks": [{"rank": r, "workers": [pipeline state or None, ...], "pass_tokens": t,
                 "counters": {...}, "skipped": [...]}, ...]}
 
@@ -42,12 +43,12 @@ STATE_VERSION = 3
 OUTER_KEYS = ("version", "step", "pass", "world_size", "state")
 STATE_KEYS = (
     "version", "fingerprint", "config", "world_size", "workers_per_rank", "batch_size", "step", "pass",
-    "pass_first_step", "batch", "skip_steps", "remaining", "ranks",
+    "pass_first_step", "batch", "skip_steps", "remaining", "generation", "ranks",
 )
 RANK_KEYS = ("rank", "workers", "pass_tokens", "counters", "skipped")
 MODES = ("exact", "elastic", "statistical")
 _SAME_ACROSS_RANKS = ("fingerprint", "world_size", "workers_per_rank", "batch_size", "step", "pass",
-                      "pass_first_step", "batch", "remaining")
+                      "pass_first_step", "batch", "remaining", "generation")
 
 
 def fingerprint(config: dict[str, Any]) -> str:
@@ -68,12 +69,11 @@ def unpack_state(state: Any) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise ResumeMismatchError(f"loader state must be a dict, got {type(state).__name__}")
     version = state.get("version")
+    if version == 2:
+        return _from_version_2(state)
     if version != STATE_VERSION:
         hint = ""
-        if version == 2:
-            hint = (" (one rank's state, written before states were global: resume it with the "
-                    "streamforge that wrote it, or start the data order afresh)")
-        elif isinstance(version, int) and version < 2:
+        if isinstance(version, int) and version < 2:
             hint = (" (written before the global step existed: it has no step, rank or plan to resume from; "
                     "start the data order afresh or resume with the streamforge that wrote it)")
         raise ResumeMismatchError(f"loader state version {version!r}, this streamforge reads {STATE_VERSION}{hint}")
@@ -102,6 +102,31 @@ def unpack_state(state: Any) -> dict[str, Any]:
             raise ResumeMismatchError(f"loader state: ranks[{r}] " + (
                 f"lacks {lacking}" if lacking else f"holds the part of rank {part['rank']}"))
     return inner
+
+
+_V2_KEYS = ("fingerprint", "config", "rank", "world_size", "workers_per_rank", "step", "pass", "pass_first_step",
+            "batch", "pass_tokens", "workers", "skip_steps", "counters")
+
+
+def _from_version_2(state: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 state (one rank's, before states were global) as a global state holding
+    that rank's part; marked ``upgraded_from`` so the loader resumes it statistically."""
+    missing = [k for k in _V2_KEYS if k not in state]
+    if missing:
+        raise ResumeMismatchError(f"loader state version 2 lacks {missing}")
+    world, rank = int(state["world_size"]), int(state["rank"])
+    ranks: list[Any] = [None] * world
+    ranks[rank] = {"rank": rank, "workers": state["workers"], "pass_tokens": state["pass_tokens"],
+                   "counters": state["counters"], "skipped": state.get("skipped", [])}
+    fractions = state.get("remaining")
+    return {
+        "version": STATE_VERSION, "fingerprint": state["fingerprint"], "config": state["config"],
+        "world_size": world, "workers_per_rank": int(state["workers_per_rank"]),
+        "batch_size": state["config"].get("batch_size"), "step": state["step"], "pass": state["pass"],
+        "pass_first_step": state["pass_first_step"], "batch": state["batch"], "skip_steps": state["skip_steps"],
+        "remaining": {"fractions": fractions} if fractions else None, "generation": 0, "ranks": ranks,
+        "upgraded_from": 2,
+    }
 
 
 def saved_ranks(state: dict[str, Any]) -> list[int]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline_helpers import dataset, make_corpus
-from streamforge import Manifest, ResumeMismatchError, merge_states, unpack_state
+from streamforge import ConfigError, Manifest, ResumeMismatchError, merge_states, unpack_state
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +150,68 @@ def test_not_elastic_when_exactness_is_not_possible(corpus):
     seeded.load_state_dict(_save(a))
     assert seeded.resume_report.mode == "statistical"
     assert any("seed changed" in n for n in seeded.resume_report.approximations)
+
+
+def _records(pieces):
+    out = set()
+    for block in pieces:
+        out.update(map(tuple, block[:, :3].tolist()))
+    return out
+
+
+@pytest.mark.parametrize("then", [(1, 0, 2), (3, 1, 3)])
+def test_statistical_resume_stays_within_its_reported_bounds(corpus, then):
+    loaders = _loaders(corpus, 2, 2, 3)
+    cut = loaders[0].steps_per_pass // 2
+    before = _records(_run(loaders, cut))
+    state = _save(loaders)
+    resumed = _loaders(corpus, *then)
+    for ld in resumed:
+        ld.load_state_dict(state, mode="statistical")
+    report = resumed[0].resume_report
+    assert report.mode == "statistical"
+    bounds = {}
+    for note in report.approximations:
+        if "may be seen twice" in note:
+            name = note.split("'")[1]
+            numbers = [int(w.replace(",", "")) for w in note.split() if w.replace(",", "").isdigit()]
+            bounds[name] = numbers[:2]
+    assert set(bounds) == set(corpus)
+    fractions = resumed[0]._remaining["fractions"]
+    after = _records(_run(resumed))
+    names = list(corpus)
+    firsts = {n: Manifest.load(corpus[n][0]).first_records for n in names}
+    for s, name in enumerate(names):
+        twice = {r for r in before & after if r[0] == s}
+        dup_bound, skip_bound = bounds[name]
+        assert len(twice) <= dup_bound, (name, len(twice), dup_bound)
+        # skipped: records the new workers jumped over that the saved job had not read
+        planner = resumed[0].dataset.planner
+        fraction = fractions[s]
+        jumped = set()
+        for h in range(resumed[0].dataset.world_size * resumed[0].num_logical):
+            ranges = planner.worker_ranges(s, 0, resumed[0].dataset.world_size * resumed[0].num_logical, h)
+            left = round(fraction * sum(b - a for _, a, b in ranges))
+            for shard, a, b in ranges:
+                for r in range(a, min(b, a + left)):
+                    jumped.add((s, shard, r))
+                left -= min(left, b - a)
+        docs = corpus[name][1]
+        skipped = {r for r in jumped - before if len(docs[int(firsts[name][r[1]]) + r[2]])}
+        assert len(skipped) <= skip_bound, (name, len(skipped), skip_bound)
+
+
+def test_resume_from_counters_continues_each_stream_at_its_share(corpus):
+    first = _loaders(corpus, 1, 0, 3)[0]
+    _run([first], 40)
+    seen = {name: s["tokens"] for name, s in first.stats()["streams"].items()}
+    resumed = _loaders(corpus, 1, 2, 3)[0]
+    resumed.resume_from_counters(seen)
+    report = resumed.resume_report
+    assert report.mode == "statistical" and report.differences == ["resumed from token counts only"]
+    assert abs(resumed.step - 40) <= 2  # estimated from the tokens seen
+    assert "generation 1" in " ".join(report.approximations)
+    assert {n: s["tokens"] for n, s in resumed.stats()["streams"].items()} == seen
+    assert len(_run([resumed], resumed.step + 5)) == 5
+    with pytest.raises(ConfigError, match=r"no stream named \['wiki'\]"):
+        _loaders(corpus, 1, 0, 3)[0].resume_from_counters({"wiki": 10})

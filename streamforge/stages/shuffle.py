@@ -66,6 +66,7 @@ class ShuffleBuffer:
         global_worker: int,
         eos_id: int | None,
         partials_for: Callable[[int], list] | None = None,
+        generation: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError(f"shuffle buffer size must be >= 1, got {size}")
@@ -76,6 +77,7 @@ class ShuffleBuffer:
         self.global_worker = global_worker
         self.eos_id = eos_id
         self.partials_for = partials_for or (lambda pass_idx: [])
+        self.generation = int(generation)  # statistical resumes so far: each reshuffles the windows
         self._window_start = reader.state_dict()
         self.window_idx = self._first_window(reader.pass_idx)  # within the pass: loaded or next
         self._clear()
@@ -192,8 +194,9 @@ class ShuffleBuffer:
         return True
 
     def _key(self) -> int:
+        extra = ("generation", self.generation) if self.generation else ()
         return derive_key("window", self.seed, self.stream_key, self.reader.pass_idx,
-                          self.global_worker, self.window_idx)
+                          self.global_worker, self.window_idx, *extra)
 
     def _layout(self, order, lens, shard, record, pieces, dtype, skip: int) -> None:
         """Concatenate the documents in emission order, EOS after each (one copy)."""
