@@ -3,11 +3,12 @@ together through torch.distributed.checkpoint (DCP), as one ``Stateful`` train s
 
     dcp_worker.py OUT CKPT MODE STEPS SAVE_AT KILL_AT URL...
 
-MODE "run" trains from scratch to STEPS, saving at step SAVE_AT; with KILL_AT > 0 every rank
-SIGKILLs itself once step KILL_AT is done (a crashed job). MODE "resume" loads the checkpoint
-into a fresh model, optimizer and loader and trains on to STEPS. Each rank appends
-``{"step", "loss"}`` per step to OUT/losses-<mode>-rank<r>.jsonl (flushed each step) and writes
-OUT/report-<mode>-rank<r>.json at the end.
+MODE "run" trains from scratch to STEPS (0: the end of the pass), saving at step SAVE_AT; with
+KILL_AT > 0 every rank SIGKILLs itself once step KILL_AT is done (a crashed job). MODE "resume"
+loads the checkpoint into a fresh model, optimizer and loader (on any number of ranks) and
+trains on to STEPS. Each rank appends ``{"step", "loss", "pieces"}`` per step to
+OUT/losses-<mode>-rank<r>.jsonl (flushed each step; pieces: the batch's provenance, stream,
+shard, record, token_start, length) and writes OUT/report-<mode>-rank<r>.json at the end.
 """
 
 import json
@@ -46,7 +47,8 @@ def main(out: Path, ckpt: str, mode: str, steps: int, save_at: int, kill_at: int
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     streams = [Stream(u, weight=w, name=f"s{i}") for i, (u, w) in enumerate(zip(urls, [0.7, 0.3]))]
-    loader = StreamingLoader(PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32), batch_size=2, num_workers=1)
+    dataset = PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32, provenance=True)
+    loader = StreamingLoader(dataset, batch_size=2, num_workers=1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 16), torch.nn.Linear(16, 1000))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -56,6 +58,7 @@ def main(out: Path, ckpt: str, mode: str, steps: int, save_at: int, kill_at: int
         app = {"train": state}
         dcp.load(app, checkpoint_id=ckpt)
     losses = open(out / f"losses-{mode}-rank{rank}.jsonl", "w")
+    drop_bound = loader.plan().drop_bound()
     for batch in loader:
         step = loader.step - 1  # the global step of this batch
         logits = ddp(batch["input_ids"])
@@ -63,7 +66,9 @@ def main(out: Path, ckpt: str, mode: str, steps: int, save_at: int, kill_at: int
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
+        pieces = batch["segments"].reshape(-1, 5)
+        pieces = pieces[pieces[:, 0] >= 0].tolist()
+        losses.write(json.dumps({"step": step, "loss": loss.item(), "pieces": pieces}) + "\n")
         losses.flush()
         if mode == "run" and step + 1 == save_at:
             dcp.save({"train": state}, checkpoint_id=ckpt)
@@ -71,7 +76,7 @@ def main(out: Path, ckpt: str, mode: str, steps: int, save_at: int, kill_at: int
             os.kill(os.getpid(), signal.SIGKILL)
         if step + 1 == steps:
             break
-    report = {"rank": rank, "step": loader.step, "steps_per_pass": loader.steps_per_pass,
+    report = {"rank": rank, "world": dist.get_world_size(), "step": loader.step, "drop_bound": drop_bound,
               "resume": None if loader.resume_report is None else loader.resume_report.mode}
     (out / f"report-{mode}-rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
