@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from . import ledger
 from .batch import RowBatch, expand
 from .counters import Counters
 from .dataset import PackedTokenDataset
@@ -77,6 +78,11 @@ class StreamingLoader:
 
     ``skip_steps=[(start, end), ...]`` drops the batches of those global steps (end
     exclusive), e.g. to jump over a loss spike; it can be given when resuming.
+
+    ``ledger_dir`` (a local path or any fsspec URL; ``ledger_options``: its storage options)
+    keeps a data-order ledger: the document pieces of every step, written in chunks and
+    always before ``state_dict()`` returns (``streamforge ledger check|diff|show``,
+    docs/ledger.md).
     """
 
     def __init__(
@@ -91,6 +97,8 @@ class StreamingLoader:
         device_prefetch: int | None = None,
         multiprocessing_context: str | None = None,
         skip_steps: Any = None,
+        ledger_dir: str | None = None,
+        ledger_options: dict[str, Any] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -116,6 +124,7 @@ class StreamingLoader:
         self._plan: PassPlan | None = None
         self._fractions: list[float] | None = None  # statistical resume: the pass's start
         self._start_pass(0, 0)
+        self._ledger = None if ledger_dir is None else ledger.for_loader(self, ledger_dir, ledger_options)
 
     @property
     def infinite(self) -> bool:
@@ -166,6 +175,8 @@ class StreamingLoader:
         """The state after the last batch handed out (JSON-serializable)."""
         if self._pass_over():
             self._end_pass()
+        if self._ledger is not None:  # a checkpoint never lacks its steps in the ledger
+            self._ledger.flush()
         return copy.deepcopy({
             "version": STATE_VERSION,
             "fingerprint": self._fingerprint,
@@ -199,6 +210,8 @@ class StreamingLoader:
             self._load_exact(state)
         else:
             self._load_statistical(state, differences)
+        if self._ledger is not None:
+            self._ledger.start_generation(self.step, self.resume_report.mode)
 
     def _differences(self, state: dict[str, Any]) -> list[str]:
         """Why ``state`` cannot resume exactly here (empty: it can); raise for another
@@ -327,6 +340,8 @@ class StreamingLoader:
             self._batch += 1
             num_tokens = int(rows.length.sum())
             self._pass_tokens += num_tokens
+            if self._ledger is not None:
+                self._ledger.add(step, self._pass, rows, skipped=skips is not None and step in skips)
             if skips is not None and step in skips:
                 self._counters.skip(num_tokens)
                 continue
@@ -334,6 +349,8 @@ class StreamingLoader:
             yield feed.hand_out()  # the state above is this batch's: committed as it is handed out
         if not self.infinite:
             self._end_pass()
+        if self._ledger is not None:
+            self._ledger.flush()
 
     def _job(self, states):
         plan = None if self.infinite else self.plan()
