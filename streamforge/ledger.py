@@ -3,10 +3,11 @@
 ``StreamingLoader(ledger_dir=URL)`` keeps one ``LedgerWriter`` per rank. Each batch handed
 out (or dropped by ``skip_steps``) adds one step: its pass and, per document piece, the
 stream, shard, record, token range and flat position. Pieces are kept as the ``RowBatch``
-columns themselves (seven small array copies per step, no loop over pieces) and written
+columns themselves (references to seven small arrays per step, no loop over pieces) and written
 every ``chunk_steps`` steps, and whenever the loader's ``state_dict()`` is taken, as one new
 object: object stores cannot append, so a rank's ledger is a series of chunks. A step costs
-about 45 bytes per piece on storage (a 8x2048 batch of ~600-token documents: ~1.5 KB).
+about 43 bytes per piece on storage (an 8x2048 batch of ~600-token documents has ~18 pieces:
+~0.8 KB), and ``add`` a few microseconds (docs/benchmarks.md, section ledger).
 
 Layout under the ledger URL::
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 import atexit
 import io
 import json
+import operator
 import os
 import re
 import socket
@@ -67,6 +69,10 @@ PIECE_COLUMNS = {
 }
 # per step: name -> dtype
 STEP_COLUMNS = {"step": np.int64, "pass": np.int32, "skipped": np.bool_, "num_pieces": np.int64}
+
+STEP_DTYPE = np.dtype(list(STEP_COLUMNS.items()))
+PIECE_DTYPE = np.dtype(list(PIECE_COLUMNS.items()))
+_piece_columns = operator.attrgetter(*PIECE_COLUMNS)
 
 
 def rank_dir(rank: int) -> str:
@@ -129,13 +135,15 @@ class LedgerWriter:
 
     # -- records -------------------------------------------------------------------------
     def add(self, step: int, pass_idx: int, rows: RowBatch, skipped: bool = False) -> None:
-        """Record one step's pieces (copies of the batch's piece columns; no per-piece work)."""
+        """Record one step's pieces (the batch's piece columns; no per-piece work)."""
         if pass_idx not in self._passes_seen:
             self._passes_seen.add(pass_idx)
             if self._describe_pass is not None:
                 self._passes[pass_idx] = self._describe_pass(pass_idx)
         self._steps.append((int(step), int(pass_idx), bool(skipped), len(rows.start)))
-        self._pieces.append(tuple(np.array(getattr(rows, name), dtype) for name, dtype in PIECE_COLUMNS.items()))
+        # references, not copies: a RowBatch's piece columns are built for it and only read
+        # after (``expand``); ``flush`` copies them once, into the chunk
+        self._pieces.append(_piece_columns(rows))
         if len(self._steps) >= self.chunk_steps:
             self.flush()
 
@@ -150,11 +158,15 @@ class LedgerWriter:
         if not self._header_written:
             self._put(f"gen-{self.generation:06d}.json", json.dumps(self._header, indent=1).encode())
             self._header_written = True
+        # two record arrays, not one array per column: savez costs ~60 us per array
         steps = np.array(self._steps, dtype=np.int64).reshape(-1, 4)
-        arrays = {f"step_{name}": steps[:, i].astype(dtype) for i, (name, dtype) in enumerate(STEP_COLUMNS.items())}
-        for i, (name, dtype) in enumerate(PIECE_COLUMNS.items()):
-            parts = [p[i] for p in self._pieces]
-            arrays[f"piece_{name}"] = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        step_table = np.empty(len(steps), STEP_DTYPE)
+        for i, name in enumerate(STEP_COLUMNS):
+            step_table[name] = steps[:, i]
+        piece_table = np.empty(int(steps[:, 3].sum()), PIECE_DTYPE)
+        for i, name in enumerate(PIECE_COLUMNS):
+            piece_table[name] = np.concatenate([p[i] for p in self._pieces])
+        arrays = {"steps": step_table, "pieces": piece_table}
         info = {"rank": self.rank, "generation": self.generation, "seq": self._seq,
                 "damaged": list(self._damaged()) if self._damaged is not None else [],
                 "passes": {str(k): v for k, v in self._passes.items()}}
@@ -332,9 +344,9 @@ def _decode_chunk(path: str, blob: bytes) -> tuple[dict, dict, dict]:
     try:
         with np.load(io.BytesIO(blob)) as z:
             arrays = {k: z[k] for k in z.files}
-        info = json.loads(arrays.pop("info").tobytes())
-        steps = {name: arrays[f"step_{name}"].astype(dtype) for name, dtype in STEP_COLUMNS.items()}
-        pieces = {name: arrays[f"piece_{name}"].astype(dtype) for name, dtype in PIECE_COLUMNS.items()}
+        info = json.loads(arrays["info"].tobytes())
+        steps = {name: np.ascontiguousarray(arrays["steps"][name], dtype) for name, dtype in STEP_COLUMNS.items()}
+        pieces = {name: np.ascontiguousarray(arrays["pieces"][name], dtype) for name, dtype in PIECE_COLUMNS.items()}
     except (OSError, ValueError, KeyError) as exc:
         raise LedgerError(f"{path}: not a readable ledger chunk ({exc})") from exc
     counts = steps["num_pieces"]

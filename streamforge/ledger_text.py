@@ -122,7 +122,8 @@ def _piece_lines(ranks: list[dict[str, Any]], indent: str) -> list[str]:
         for p in r["rows"]:
             label = f"row {p['row']}" if p["row"] != row else ""
             row = p["row"]
-            lines.append(f"{indent}  {label:<8} col {p['col']:>6}  {p['stream']:<12} shard {p['shard']:>5} "
-                         f"record {p['record']:>8}  tokens {p['tokens'][0]:>7}..{p['tokens'][1]:<7}"
-                         + ("  continues" if p["continues"] else ""))
+            line = (f"{indent}  {label:<8} col {p['col']:>6}  {p['stream']:<12} shard {p['shard']:>5} "
+                    f"record {p['record']:>8}  tokens {p['tokens'][0]:>7}..{p['tokens'][1]:<7}"
+                    + ("  continues" if p["continues"] else ""))
+            lines.append(line.rstrip())
     return lines
