@@ -69,7 +69,12 @@ def check(ledger: Ledger, manifests: dict[str, Any] | None = None) -> dict[str, 
     problems += _step_problems(ledger)
     duplicates = [] if infinite else _duplicates(pieces, names)
     if duplicates:
-        problems.append(f"{len(duplicates)} piece(s) deliver tokens already delivered in the same pass")
+        statistical = {g for r in ledger.restarts if r["mode"] == "statistical" for g in r["generations"]}
+        across = sum(d["again"]["generation"] in statistical and d["first"]["generation"] != d["again"]["generation"]
+                     for d in duplicates)
+        note = (f" ({across} of them after a statistical resume, which approximates positions: "
+                "docs/design.md)") if across else ""
+        problems.append(f"{len(duplicates)} piece(s) deliver tokens already delivered in the same pass{note}")
     report = {
         "ok": False,
         "ledger": {
@@ -152,7 +157,13 @@ def _names(restart: dict[str, Any]) -> str:
 def _duplicates(pieces: dict[str, np.ndarray], names: list[str]) -> list[dict[str, Any]]:
     keys = [pieces["pass"], pieces["stream"], pieces["shard"], pieces["record"]]
     end = pieces["token_start"] + pieces["length"]
-    later, earlier = find_overlaps(keys, pieces["token_start"], end)
+    a, b = find_overlaps(keys, pieces["token_start"], end)
+    # "first" is the earlier delivery in time: by generation, then step, then rank
+    a_first = np.ones(len(a), bool)
+    for name in ("rank", "step", "generation"):  # least significant first
+        x, y = pieces[name][a], pieces[name][b]
+        a_first = (x < y) | ((x == y) & a_first)
+    earlier, later = np.where(a_first, a, b), np.where(a_first, b, a)
     order = np.lexsort([pieces["rank"][later], pieces["step"][later]])
     later, earlier = later[order], earlier[order]
     out = []

@@ -160,6 +160,23 @@ def test_two_ranks_resumed_exactly_check_clean(corpus, tmp_path):
     assert report["passes"][0]["complete"] and report["ledger"]["rolled_back_rank_steps"] == 10
 
 
+def test_a_statistical_resume_shows_what_it_delivered_again(corpus, tmp_path):
+    url = tmp_path / "ledger"
+    first = _loader(corpus, url)
+    take(first, 100)
+    state = first.state_dict()
+    resumed = _loader(corpus, url, num_workers=2)  # another topology: positions are estimated
+    resumed.load_state_dict(state)
+    assert resumed.resume_report.mode == "statistical"
+    take(resumed)
+    report = check(read_ledger(str(url)))
+    assert [r["mode"] for r in report["ledger"]["restarts"]] == ["fresh", "statistical"]
+    if report["duplicates"]:  # the estimate re-delivers a little; each case says when
+        assert not report["ok"] and "after a statistical resume" in report["problems"][-1]
+        assert all(d["first"]["generation"] == 0 and d["again"]["generation"] == 1 and d["again"]["step"] >= 100
+                   for d in report["duplicates"])
+
+
 # -- what check catches ------------------------------------------------------------------------
 @pytest.fixture
 def finished(corpus, tmp_path):
@@ -215,6 +232,33 @@ def test_skip_steps_are_recorded_as_skipped(corpus, tmp_path, capsys):
     assert code == 0 and "skipped (skip_steps), not trained on" in out
     code, out = _cli(capsys, "check", url)
     assert code == 0 and "steps 10..12" in out
+
+
+def test_damaged_records_are_listed_and_never_reached(tmp_path, rng):
+    from streamforge import PackedTokenDataset, Stream, StreamingLoader
+    from streamforge.source import ShardSource
+    from streamforge.storage.config import StorageConfig
+    from streamforge.storage.open import open_url
+
+    url = str(tmp_path / "web")
+    write_stream(url, random_docs(rng, 200, 60))
+    source = ShardSource.open(url)
+    manifest, index = source.manifest, source.index(1)
+    at = int(index.frames["comp_offset"][1]) + int(index.frames["comp_size"][1]) // 2
+    fs, path = open_url(url)
+    target = f"{path}/{manifest.shard_names[1]}"
+    blob = bytearray(fs.cat_file(target))
+    blob[at] ^= 0x40  # one flipped byte: frame 1 of shard 1 no longer decodes
+    fs.pipe(target, bytes(blob))
+    ds = PackedTokenDataset([Stream(url, name="web")], seq_len=64, shuffle_buffer=16,
+                            storage=StorageConfig(on_error="skip"))
+    take(StreamingLoader(ds, batch_size=2, ledger_dir=str(tmp_path / "ledger")))
+    report = check(read_ledger(str(tmp_path / "ledger")), {"web": manifest})
+    assert report["ok"], report["problems"]
+    lo, hi = int(index.frames["first_record"][1]), index.record_stop(1)
+    [entry] = report["damaged"]
+    assert (entry["stream"], entry["shard"], entry["start"], entry["stop"]) == ("web", manifest.shard_names[1], lo, hi)
+    assert report["passes"][0]["records_never_reached"]["web"]["never_reached"] == hi - lo
 
 
 # -- diff and show -----------------------------------------------------------------------------
