@@ -11,14 +11,17 @@ about 43 bytes per piece on storage (an 8x2048 batch of ~600-token documents has
 
 Layout under the ledger URL::
 
-    rank00003/gen-000002.json          the generation's header (written before its first chunk)
-    rank00003/gen-000002-000000.npz    its chunks, numbered from 0
+    generations/gen-000002/rank00003.json   rank 3's header of generation 2 (written before
+                                            its first chunk)
+    rank00003/gen-000002-000000.npz         its chunks, numbered from 0
     rank00003/gen-000002-000001.npz
 
+A new generation lists ``generations/`` only (one folder per generation), never the chunks.
+
 Generations. A fresh start and every ``load_state_dict`` begin a generation, numbered one
-past the largest number found anywhere in the ledger (every rank directory), agreed by an
-all-reduce MAX when a process group exists, so all ranks of one restart share one number
-whatever the world size. The header keeps the step the generation resumed at. A restart from
+past the largest number in ``generations/`` (where every rank of every restart writes),
+agreed by an all-reduce MAX when a process group exists, so all ranks of one restart share
+one number whatever the world size. The header keeps the step the generation resumed at. A restart from
 step ``s`` means the training rolled back to ``s``: every record of an earlier restart with
 step ``>= s`` is void, on every rank, whether or not it reached storage before the job was
 killed (``read_ledger`` applies this). A checkpoint always has its steps on storage because
@@ -58,9 +61,11 @@ from .storage.open import join, open_url
 FORMAT = "streamforge-ledger"
 VERSION = 1
 DEFAULT_CHUNK_STEPS = 256
-_HEADER = re.compile(r"gen-(\d{6,})\.json")
-_CHUNK = re.compile(r"gen-(\d{6,})-(\d{6,})\.npz")
+_GEN = re.compile(r"gen-(\d{6,})")
+_HEADER = re.compile(r"rank(\d{5,})\.json")  # generations/gen-NNNNNN/rankNNNNN.json
+_CHUNK = re.compile(r"gen-(\d{6,})-(\d{6,})\.npz")  # rankNNNNN/gen-NNNNNN-SSSSSS.npz
 _RANK = re.compile(r"rank(\d{5,})")
+GENERATIONS = "generations"
 
 # per piece, as stored: name -> dtype (the RowBatch field of the same name)
 PIECE_COLUMNS = {
@@ -103,8 +108,8 @@ class LedgerWriter:
         self.chunk_steps = int(chunk_steps)
         self._damaged = damaged
         self._describe_pass = describe_pass
-        self._fs, root = open_url(self.url, storage_options)
-        self._dir = join(root, rank_dir(self.rank))
+        self._fs, self._root = open_url(self.url, storage_options)
+        self._dir = join(self._root, rank_dir(self.rank))
         self._local = "file" in (self._fs.protocol if isinstance(self._fs.protocol, tuple) else (self._fs.protocol,))
         self._fs.makedirs(self._dir, exist_ok=True)
         self._steps: list[tuple[int, int, bool, int]] = []
@@ -121,7 +126,7 @@ class LedgerWriter:
         buffered belongs to the previous one and is written first. Returns its number."""
         self.flush()
         # what this writer wrote is in the listing: a number is never reused once written
-        self.generation = _agree_max(_last_generation(self._fs, self._dir.rsplit("/", 1)[0]) + 1)
+        self.generation = _agree_max(_last_generation(self._fs, self._root) + 1)
         self._header = {
             "format": FORMAT, "version": VERSION, "rank": self.rank, "world_size": self.world_size,
             "generation": self.generation, "resumed_at_step": int(resumed_at_step), "mode": str(mode),
@@ -156,7 +161,9 @@ class LedgerWriter:
         if self.generation < 0 or not self._steps:
             return
         if not self._header_written:
-            self._put(f"gen-{self.generation:06d}.json", json.dumps(self._header, indent=1).encode())
+            where = join(join(self._root, GENERATIONS), f"gen-{self.generation:06d}")
+            self._fs.makedirs(where, exist_ok=True)
+            self._put(join(where, f"{rank_dir(self.rank)}.json"), json.dumps(self._header, indent=1).encode())
             self._header_written = True
         # two record arrays, not one array per column: savez costs ~60 us per array
         steps = np.array(self._steps, dtype=np.int64).reshape(-1, 4)
@@ -173,7 +180,7 @@ class LedgerWriter:
         arrays["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        self._put(f"gen-{self.generation:06d}-{self._seq:06d}.npz", buf.getvalue())
+        self._put(join(self._dir, f"gen-{self.generation:06d}-{self._seq:06d}.npz"), buf.getvalue())
         self._seq += 1
         self._steps, self._pieces, self._passes = [], [], {}
 
@@ -187,10 +194,10 @@ class LedgerWriter:
         except Exception:  # noqa: BLE001 - never raise from a finalizer; at worst the tail is missing
             pass
 
-    def _put(self, name: str, data: bytes) -> None:
-        path = join(self._dir, name)
+    def _put(self, path: str, data: bytes) -> None:
         if self._local:  # a rename is atomic on local disk: readers never see half a file
-            tmp = join(self._dir, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+            folder, name = path.rsplit("/", 1)
+            tmp = join(folder, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
             self._fs.pipe_file(tmp, data)
             self._fs.mv(tmp, path)
         else:
@@ -227,27 +234,36 @@ def _agree_max(value: int) -> int:
 
 
 def _last_generation(fs, root: str) -> int:
-    """The largest generation number of any header or chunk under ``root`` (-1: none)."""
-    last = -1
-    for _, name, _ in _list(fs, root):
-        m = _HEADER.fullmatch(name) or _CHUNK.fullmatch(name)
-        if m:
-            last = max(last, int(m.group(1)))
-    return last
+    """The largest generation number with a header under ``root`` (-1: none). One listing
+    of ``generations/`` (a folder per generation), however many chunks the ledger holds."""
+    folder = join(root, GENERATIONS)
+    fs.invalidate_cache(folder)
+    try:
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)]
+    except FileNotFoundError:
+        return -1
+    return max((int(m.group(1)) for n in names if (m := _GEN.fullmatch(n))), default=-1)
 
 
-def _list(fs, root: str) -> list[tuple[int, str, str]]:
-    """``(rank, file name, path)`` of every file in a rank directory under ``root``."""
+def _list(fs, root: str) -> tuple[list[tuple[int, int, str]], list[tuple[int, int, int, str]]]:
+    """Headers ``(generation, rank, path)`` and chunks ``(generation, rank, seq, path)``
+    under ``root``; anything else (temporary files, other names) is left out."""
+    fs.invalidate_cache(root)
     try:
         paths = fs.find(root)
     except FileNotFoundError:
-        return []
-    out = []
+        return [], []
+    headers, chunks = [], []
     for path in paths:
-        parts = path.rstrip("/").rsplit("/", 2)
-        if len(parts) == 3 and (m := _RANK.fullmatch(parts[1])) is not None:
-            out.append((int(m.group(1)), parts[2], path))
-    return sorted(out)
+        parts = path.rstrip("/").rsplit("/", 3)
+        if len(parts) < 3:
+            continue
+        if len(parts) == 4 and parts[1] == GENERATIONS and (g := _GEN.fullmatch(parts[2])) and (
+                r := _HEADER.fullmatch(parts[3])):
+            headers.append((int(g.group(1)), int(r.group(1)), path))
+        elif (r := _RANK.fullmatch(parts[-2])) and (c := _CHUNK.fullmatch(parts[-1])):
+            chunks.append((int(c.group(1)), int(r.group(1)), int(c.group(2)), path))
+    return sorted(headers), sorted(chunks)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -289,16 +305,13 @@ class Ledger:
 def read_ledger(url: str, storage_options: dict[str, Any] | None = None) -> Ledger:
     """Every chunk and header under ``url``, with the rollback of each restart applied."""
     fs, root = open_url(str(url), storage_options)
-    headers, chunks = {}, []
-    for rank, name, path in _list(fs, root):
-        if (m := _HEADER.fullmatch(name)) is not None:
-            headers[(int(m.group(1)), rank)] = json.loads(fs.cat_file(path))
-        elif (m := _CHUNK.fullmatch(name)) is not None:
-            chunks.append((int(m.group(1)), rank, int(m.group(2)), path))
+    header_paths, chunks = _list(fs, root)
+    headers = {(g, r): json.loads(blob) for (g, r, _), blob in
+               zip(header_paths, _read_many(fs, [p for _, _, p in header_paths]))}
     if not headers and not chunks:
         if not fs.exists(root):
             raise LedgerError(f"{url}: no ledger here (the path does not exist)")
-        raise LedgerError(f"{url}: no ledger here (no rankNNNNN/gen-*.json or chunks)")
+        raise LedgerError(f"{url}: no ledger here (no {GENERATIONS}/gen-*/rank*.json or rank*/gen-*.npz)")
     problems: list[str] = []
     blobs = _read_many(fs, [c[3] for c in chunks])
     step_parts, piece_parts, damaged, passes = [], [], [], {}

@@ -71,7 +71,8 @@ def test_chunks_are_written_every_chunk_steps_and_at_state_dict(corpus, tmp_path
     ldr._ledger.chunk_steps = 10
     take(ldr, 25)
     names = sorted(p.name for p in (tmp_path / "ledger" / "rank00000").iterdir())
-    assert names == ["gen-000000-000000.npz", "gen-000000-000001.npz", "gen-000000.json"]
+    assert names == ["gen-000000-000000.npz", "gen-000000-000001.npz"]
+    assert (tmp_path / "ledger" / "generations" / "gen-000000" / "rank00000.json").exists()
     ldr.state_dict()  # a checkpoint: the 5 buffered steps reach storage before it returns
     assert read_ledger(str(tmp_path / "ledger")).steps["step"].tolist() == list(range(25))
 
@@ -190,9 +191,10 @@ def finished(corpus, tmp_path):
 
 def test_a_chunk_copied_under_another_generation_is_caught(finished, capsys):
     rank = finished / "rank00000"
-    header = json.loads((rank / "gen-000000.json").read_text())
+    header = json.loads((finished / "generations" / "gen-000000" / "rank00000.json").read_text())
     header.update(generation=1, resumed_at_step=100)
-    (rank / "gen-000001.json").write_text(json.dumps(header))
+    (finished / "generations" / "gen-000001").mkdir()
+    (finished / "generations" / "gen-000001" / "rank00000.json").write_text(json.dumps(header))
     shutil.copy(rank / "gen-000000-000001.npz", rank / "gen-000001-000000.npz")  # steps 50..99 again
     code, out = _cli(capsys, "check", finished, "--no-manifests")
     assert code == 1
