@@ -3,11 +3,13 @@
 ``StreamingLoader(ledger_dir=URL)`` keeps one ``LedgerWriter`` per rank. Each batch handed
 out (or dropped by ``skip_steps``) adds one step: its pass and, per document piece, the
 stream, shard, record, token range and flat position. Pieces are kept as the ``RowBatch``
-columns themselves (references to seven small arrays per step, no loop over pieces) and written
-every ``chunk_steps`` steps, and whenever the loader's ``state_dict()`` is taken, as one new
-object: object stores cannot append, so a rank's ledger is a series of chunks. A step costs
-about 43 bytes per piece on storage (an 8x2048 batch of ~600-token documents has ~18 pieces:
-~0.8 KB), and ``add`` a few microseconds (docs/benchmarks.md, section ledger).
+columns themselves (references to seven small arrays per step, no loop over pieces) and
+written every ``chunk_steps`` steps, and whenever the loader's ``state_dict()`` is taken, as
+one new object: object stores cannot append, so a rank's ledger is a series of chunks. The
+training thread encodes a chunk; a background thread puts it (with streamforge's retries),
+and ``state_dict()`` waits until every chunk so far is on storage. A step costs about 40
+bytes per piece on storage (an 8x2048 batch of ~600-token documents has ~17 pieces: ~0.7 KB)
+and a few microseconds of the training thread (docs/benchmarks.md, section ledger).
 
 Layout under the ledger URL::
 
@@ -49,6 +51,7 @@ import socket
 import time
 import uuid
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -56,7 +59,9 @@ import numpy as np
 
 from .batch import RowBatch
 from .errors import LedgerError
+from .storage.config import RetryPolicy
 from .storage.open import join, open_url
+from .storage.retry import Retrier
 
 FORMAT = "streamforge-ledger"
 VERSION = 1
@@ -108,7 +113,11 @@ class LedgerWriter:
         self.chunk_steps = int(chunk_steps)
         self._damaged = damaged
         self._describe_pass = describe_pass
-        self._fs, self._root = open_url(self.url, storage_options)
+        policy = RetryPolicy()
+        self._fs, self._root = open_url(self.url, storage_options, policy)
+        self._retry = Retrier(policy)
+        self._writer: ThreadPoolExecutor | None = None  # started by the first write
+        self._pending: list = []
         self._dir = join(self._root, rank_dir(self.rank))
         self._local = "file" in (self._fs.protocol if isinstance(self._fs.protocol, tuple) else (self._fs.protocol,))
         self._fs.makedirs(self._dir, exist_ok=True)
@@ -150,20 +159,27 @@ class LedgerWriter:
         # after (``expand``); ``flush`` copies them once, into the chunk
         self._pieces.append(_piece_columns(rows))
         if len(self._steps) >= self.chunk_steps:
-            self.flush()
+            self.flush(wait=False)
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
         """Write what is buffered as a new chunk, the generation header before the first one.
+
+        The chunk is encoded here and written by a background thread, in order; ``wait``
+        (the default, and what ``state_dict()`` uses) returns once every chunk so far is on
+        storage, and raises if one could not be written after retries.
 
         A generation that records nothing leaves no header: its resume step rolls nothing
         back that matters, since a checkpoint it saves is at that same step (and a loader
         built, checkpointed and then resumed must not void the run it resumes)."""
-        if self.generation < 0 or not self._steps:
-            return
+        if self.generation >= 0 and self._steps:
+            self._write_chunk()
+        if wait:
+            self._drain()
+
+    def _write_chunk(self) -> None:
         if not self._header_written:
             where = join(join(self._root, GENERATIONS), f"gen-{self.generation:06d}")
-            self._fs.makedirs(where, exist_ok=True)
-            self._put(join(where, f"{rank_dir(self.rank)}.json"), json.dumps(self._header, indent=1).encode())
+            self._submit(join(where, f"{rank_dir(self.rank)}.json"), json.dumps(self._header, indent=1).encode())
             self._header_written = True
         # two record arrays, not one array per column: savez costs ~60 us per array
         steps = np.array(self._steps, dtype=np.int64).reshape(-1, 4)
@@ -180,23 +196,46 @@ class LedgerWriter:
         arrays["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        self._put(join(self._dir, f"gen-{self.generation:06d}-{self._seq:06d}.npz"), buf.getvalue())
+        self._submit(join(self._dir, f"gen-{self.generation:06d}-{self._seq:06d}.npz"), buf.getvalue())
         self._seq += 1
         self._steps, self._pieces, self._passes = [], [], {}
 
     def close(self) -> None:
-        self.flush()
-        _open_writers.discard(self)
+        try:
+            self.flush()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
+            _open_writers.discard(self)
 
     def __del__(self) -> None:  # a loader dropped after a `break`: its last steps were delivered
         try:
-            self.flush()
+            self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer; at worst the tail is missing
             pass
+
+    def _submit(self, path: str, data: bytes) -> None:
+        def write() -> None:
+            self._retry(lambda: self._put(path, data), f"writing {path}")
+
+        try:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamforge-ledger")
+            self._pending.append(self._writer.submit(write))
+        except RuntimeError:  # interpreter shutdown: no new threads; write here, after the others
+            self._drain()
+            write()
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()  # the first failure raises (a StorageError naming the object)
 
     def _put(self, path: str, data: bytes) -> None:
         if self._local:  # a rename is atomic on local disk: readers never see half a file
             folder, name = path.rsplit("/", 1)
+            self._fs.makedirs(folder, exist_ok=True)
             tmp = join(folder, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
             self._fs.pipe_file(tmp, data)
             self._fs.mv(tmp, path)
