@@ -6,8 +6,8 @@ stream, shard, record, token range and flat position. Pieces are kept as the ``R
 columns themselves (references to seven small arrays per step, no loop over pieces) and
 written every ``chunk_steps`` steps, and whenever the loader's ``state_dict()`` is taken, as
 one new object: object stores cannot append, so a rank's ledger is a series of chunks. The
-training thread encodes a chunk; a background thread puts it (with streamforge's retries),
-and ``state_dict()`` waits until every chunk so far is on storage. A step costs about 40
+training thread encodes a chunk; a background thread puts it (with streamforge's retries);
+``state_dict()`` returns once every chunk so far is on storage. A step costs about 40
 bytes per piece on storage (an 8x2048 batch of ~600-token documents has ~17 pieces: ~0.7 KB)
 and a few microseconds of the training thread (docs/benchmarks.md, section ledger).
 
@@ -164,22 +164,25 @@ class LedgerWriter:
     def flush(self, wait: bool = True) -> None:
         """Write what is buffered as a new chunk, the generation header before the first one.
 
-        The chunk is encoded here and written by a background thread, in order; ``wait``
-        (the default, and what ``state_dict()`` uses) returns once every chunk so far is on
-        storage, and raises if one could not be written after retries.
+        The chunk is encoded here and, with ``wait=False`` (every ``chunk_steps`` steps), put by
+        a background thread, in order. ``wait=True`` (the default, and what ``state_dict()``
+        uses) waits for those, then puts this one itself (no hand-over to another thread on
+        the checkpoint's path): it returns once every chunk so far is on storage, and raises if
+        one could not be written after retries.
 
         A generation that records nothing leaves no header: its resume step rolls nothing
         back that matters, since a checkpoint it saves is at that same step (and a loader
         built, checkpointed and then resumed must not void the run it resumes)."""
-        if self.generation >= 0 and self._steps:
-            self._write_chunk()
         if wait:
             self._drain()
+        if self.generation >= 0 and self._steps:
+            self._write_chunk(inline=wait)
 
-    def _write_chunk(self) -> None:
+    def _write_chunk(self, inline: bool) -> None:
         if not self._header_written:
             where = join(join(self._root, GENERATIONS), f"gen-{self.generation:06d}")
-            self._submit(join(where, f"{rank_dir(self.rank)}.json"), json.dumps(self._header, indent=1).encode())
+            self._submit(join(where, f"{rank_dir(self.rank)}.json"), json.dumps(self._header, indent=1).encode(),
+                         inline)
             self._header_written = True
         # two record arrays, not one array per column: savez costs ~60 us per array
         steps = np.array(self._steps, dtype=np.int64).reshape(-1, 4)
@@ -196,7 +199,7 @@ class LedgerWriter:
         arrays["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        self._submit(join(self._dir, f"gen-{self.generation:06d}-{self._seq:06d}.npz"), buf.getvalue())
+        self._submit(join(self._dir, f"gen-{self.generation:06d}-{self._seq:06d}.npz"), buf.getvalue(), inline)
         self._seq += 1
         self._steps, self._pieces, self._passes = [], [], {}
 
@@ -215,10 +218,13 @@ class LedgerWriter:
         except Exception:  # noqa: BLE001 - never raise from a finalizer; at worst the tail is missing
             pass
 
-    def _submit(self, path: str, data: bytes) -> None:
+    def _submit(self, path: str, data: bytes, inline: bool) -> None:
         def write() -> None:
             self._retry(lambda: self._put(path, data), f"writing {path}")
 
+        if inline:
+            write()
+            return
         try:
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamforge-ledger")
