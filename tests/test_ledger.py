@@ -195,6 +195,30 @@ def test_a_statistical_resume_shows_what_it_delivered_again(corpus, tmp_path):
                    for d in report["duplicates"])
 
 
+def test_torchrun_ranks_agree_on_generations(corpus, tmp_path):
+    """Two gloo ranks: one all-reduce per generation gives both the same number."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from s3_server import free_port
+
+    urls = [url for url, _ in corpus.values()]
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(here / "ledger_dist_worker.py"), str(tmp_path / "ledger"), *urls]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ledger = read_ledger(str(tmp_path / "ledger"))
+    assert [(r["generations"], r["ranks"], r["resumed_at_step"]) for r in ledger.restarts] == [
+        ([0], [0, 1], 0), ([1], [0, 1], 10)]
+    report = check(ledger)
+    assert report["ok"], report["problems"]
+    assert report["passes"][0]["complete"] and report["ledger"]["rolled_back_rank_steps"] == 5
+
+
 # -- what check catches ------------------------------------------------------------------------
 @pytest.fixture
 def finished(corpus, tmp_path):
