@@ -2,6 +2,7 @@
 
 from .errors import (
     ConfigError,
+    LedgerError,
     ManifestError,
     ResumeMismatchError,
     ShardCorruptError,
@@ -14,6 +15,7 @@ from .format.writer import ShardWriter
 from .source import read_records
 from .dataset import PackedTokenDataset, Stream
 from .loader import StreamingLoader
+from .ledger import read_ledger
 from .metrics import StreamLoss
 from .masks import cu_seqlens, document_block_mask, packed_causal_mask
 from .state import ResumeReport, merge_states, unpack_state
@@ -23,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = sorted(
     [
         "ConfigError",
+        "LedgerError",
         "Manifest",
         "ManifestError",
         "ResumeMismatchError",
@@ -32,6 +35,7 @@ __all__ = sorted(
         "SourceError",
         "StorageError",
         "StreamforgeError",
+        "read_ledger",
         "read_records",
         "PackedTokenDataset",
         "ResumeReport",

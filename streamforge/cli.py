@@ -1,4 +1,4 @@
-"""The ``streamforge`` command: convert, inspect, verify, plan, demo.
+"""The ``streamforge`` command: convert, inspect, verify, plan, ledger, demo.
 
 ``main(argv)`` returns the exit code, so tests call it directly. ``plan`` and ``demo`` import
 their modules only when used.
@@ -106,8 +106,27 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--pass", dest="pass_idx", type=int, default=0)
     _add_storage_args(plan)
 
+    _add_ledger_parser(sub)
     sub.add_parser("demo", help="run the demo (options pass through)", add_help=False)
     return parser
+
+
+def _add_ledger_parser(sub) -> None:
+    ledger = sub.add_parser("ledger", help="check, compare or show a data-order ledger (docs/ledger.md)")
+    cmds = ledger.add_subparsers(dest="ledger_command", required=True)
+    check = cmds.add_parser("check", help="prove no token was delivered twice; list what was skipped or never reached")
+    check.add_argument("url", help="the ledger_dir (local path or URL)")
+    check.add_argument("--no-manifests", action="store_true",
+                       help="do not read the streams' manifests (no count of records never reached)")
+    diff = cmds.add_parser("diff", help="where two runs' data orders first diverge")
+    diff.add_argument("url_a")
+    diff.add_argument("url_b")
+    show = cmds.add_parser("show", help="what was in one step, per rank and row")
+    show.add_argument("url")
+    show.add_argument("--step", type=int, required=True)
+    for cmd in (check, diff, show):
+        cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+        _add_storage_args(cmd)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -259,6 +278,49 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ledger(args: argparse.Namespace) -> int:
+    import json
+
+    from .ledger import read_ledger
+    from .ledger_report import check, diff, show
+    from .ledger_text import format_check, format_diff, format_show
+
+    opts = storage_options(args)
+    if args.ledger_command == "check":
+        ledger = read_ledger(args.url, opts)
+        report = check(ledger, None if args.no_manifests else _ledger_manifests(ledger, opts))
+        print(json.dumps(report, indent=1) if args.json else format_check(report, args.url))
+        return 0 if report["ok"] else 1
+    if args.ledger_command == "diff":
+        report = diff(read_ledger(args.url_a, opts), read_ledger(args.url_b, opts))
+        print(json.dumps(report, indent=1) if args.json else format_diff(report, args.url_a, args.url_b))
+        return 0 if report["identical"] else 1
+    report = show(read_ledger(args.url, opts), args.step)
+    print(json.dumps(report, indent=1) if args.json else format_show(report))
+    return 0 if report["ranks"] else 1
+
+
+def _ledger_manifests(ledger, opts) -> dict[str, Any]:
+    """The manifests of the ledger's streams that can be read and match the recorded
+    fingerprint; the others are left out (and reported as not read)."""
+    from .format.manifest import Manifest
+
+    out = {}
+    meta = ledger.meta
+    for stream, url in zip(meta.get("streams", []), meta.get("stream_urls", [])):
+        try:
+            manifest = Manifest.load(url, opts)
+        except (OSError, StreamforgeError) as exc:
+            print(f"streamforge ledger: cannot read the manifest of {stream['name']} at {url}: {exc}", file=sys.stderr)
+            continue
+        if manifest.fingerprint != stream.get("manifest"):
+            print(f"streamforge ledger: {url} has changed since the run (manifest fingerprint "
+                  f"{manifest.fingerprint}, recorded {stream.get('manifest')}): not used", file=sys.stderr)
+            continue
+        out[stream["name"]] = manifest
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "demo":
@@ -266,7 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
-    handlers = {"convert": cmd_convert, "inspect": cmd_inspect, "verify": cmd_verify, "plan": cmd_plan}
+    handlers = {"convert": cmd_convert, "inspect": cmd_inspect, "verify": cmd_verify, "plan": cmd_plan,
+                "ledger": cmd_ledger}
     try:
         return handlers[args.command](args)
     except StreamforgeError as exc:

@@ -33,3 +33,7 @@ class StorageError(StreamforgeError, OSError):
 
 class ResumeMismatchError(StreamforgeError, ValueError):
     """A saved loader state cannot be applied to this loader."""
+
+
+class LedgerError(StreamforgeError, ValueError):
+    """A data-order ledger is missing, unreadable, or its options are invalid."""

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from . import ledger
 from .batch import RowBatch, expand
 from .counters import Counters
 from .dataset import PackedTokenDataset
@@ -79,6 +80,11 @@ class StreamingLoader:
 
     ``skip_steps=[(start, end), ...]`` drops the batches of those global steps (end
     exclusive), e.g. to jump over a loss spike; it can be given when resuming.
+
+    ``ledger_dir`` (a local path or any fsspec URL; ``ledger_options``: its storage options)
+    keeps a data-order ledger: the document pieces of every step, written in chunks and
+    always before ``state_dict()`` returns (``streamforge ledger check|diff|show``,
+    docs/ledger.md).
     """
 
     def __init__(
@@ -93,6 +99,8 @@ class StreamingLoader:
         device_prefetch: int | None = None,
         multiprocessing_context: str | None = None,
         skip_steps: Any = None,
+        ledger_dir: str | None = None,
+        ledger_options: dict[str, Any] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -122,6 +130,7 @@ class StreamingLoader:
         # or {"fractions": [...]} (statistical); None for a whole pass
         self._remaining: dict[str, Any] | None = None
         self._start_pass(0, 0)
+        self._ledger = None if ledger_dir is None else ledger.for_loader(self, ledger_dir, ledger_options)
 
     @property
     def infinite(self) -> bool:
@@ -180,6 +189,8 @@ class StreamingLoader:
         self._refuse_state()
         if self._pass_over():
             self._end_pass()
+        if self._ledger is not None:  # a checkpoint never lacks its steps in the ledger
+            self._ledger.flush()
         part = {
             "rank": self.dataset.rank, "workers": self._worker_states, "pass_tokens": self._pass_tokens,
             "counters": self._counters.state_dict(), "skipped": self.skipped(),
@@ -237,6 +248,7 @@ class StreamingLoader:
                 )
             self._counters.load_state_dict(part["counters"])
             self._load_exact(state, part)
+            self._ledger_restart()
             return
         self._counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
         blockers = ([differences[0]] if state.get("upgraded_from") else ["mode='statistical' was asked for"]) if mode \
@@ -245,6 +257,11 @@ class StreamingLoader:
             self._load_elastic(state, differences)
         else:
             self._load_statistical(state, differences or ["mode='statistical' was asked for"], blockers)
+        self._ledger_restart()
+
+    def _ledger_restart(self) -> None:
+        if self._ledger is not None:
+            self._ledger.start_generation(self.step, self.resume_report.mode)
 
     def _refuse_state(self) -> None:
         if self.evaluation:
@@ -474,6 +491,8 @@ class StreamingLoader:
             self._batch += 1
             num_tokens = int(rows.length.sum())
             self._pass_tokens += num_tokens
+            if self._ledger is not None:
+                self._ledger.add(step, self._pass, rows, skipped=skips is not None and step in skips)
             if skips is not None and step in skips:
                 self._counters.skip(num_tokens)
                 continue
@@ -481,6 +500,8 @@ class StreamingLoader:
             yield feed.hand_out()  # the state above is this batch's: committed as it is handed out
         if not self.infinite and not self.evaluation:
             self._end_pass()
+        if self._ledger is not None:
+            self._ledger.flush()
 
     def _job(self, states):
         plan = None if self.infinite else self.plan()
