@@ -478,10 +478,18 @@ def _unique(items: list[dict]) -> list[dict]:
 
 
 def _full_plan(items: list[dict]) -> dict:
-    """A pass's plan summary: the latest one made from the whole pass (not what a statistical
-    resume left of it), else the latest."""
+    """A pass's plan summary: the latest one made from the whole pass, extended by the plans
+    of what later resumes (elastic or statistical) left of it: the pass ends where the last of
+    them ends, and each re-plan adds its own drop bound."""
     whole = [i for i in items if not i.get("remaining")]
-    return (whole or items)[-1]
+    base = dict((whole or items)[-1])
+    later = [i for i in items if i.get("remaining") and i["first_step"] >= base["first_step"]]
+    if whole and later:
+        last = later[-1]
+        base["steps"] = last["first_step"] + last["steps"] - base["first_step"]
+        base["drop_bound"] = base["drop_bound"] + sum(i["drop_bound"] for i in later)
+        base["replans"] = len(later)
+    return base
 
 
 def plan_summary(plan) -> dict[str, Any]:

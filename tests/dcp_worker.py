@@ -48,7 +48,7 @@ def main(out: Path, ckpt: str, mode: str, steps: int, save_at: int, kill_at: int
     rank = dist.get_rank()
     streams = [Stream(u, weight=w, name=f"s{i}") for i, (u, w) in enumerate(zip(urls, [0.7, 0.3]))]
     dataset = PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32, provenance=True)
-    loader = StreamingLoader(dataset, batch_size=2, num_workers=1)
+    loader = StreamingLoader(dataset, batch_size=2, num_workers=1, ledger_dir=str(out / "ledger"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 16), torch.nn.Linear(16, 1000))
     ddp = torch.nn.parallel.DistributedDataParallel(model)

@@ -19,7 +19,8 @@ import pytest
 
 from pipeline_helpers import random_docs, write_stream
 from s3_server import free_port
-from streamforge import Manifest, PackedTokenDataset, Stream, StreamingLoader
+from streamforge import Manifest, PackedTokenDataset, Stream, StreamingLoader, read_ledger
+from streamforge.ledger_report import check
 
 ROOT = Path(__file__).parent.parent
 WORKER = Path(__file__).parent / "dcp_worker.py"
@@ -108,3 +109,15 @@ def test_sigkilled_job_resumes_elastically_on_another_world_size(urls, tmp_path,
                                 batch_size=2, num_workers=1)  # the crashed job's plan, as each of its ranks had it
     bound = saved_job.plan().drop_bound() + reports[0]["drop_bound"]
     assert 0 <= total - delivered <= bound
+    # the ledger over the whole run says the same: the killed run's steps past its checkpoint
+    # rolled back, every token once, what was not delivered within the drop bound
+    from streamforge.cli import main as cli
+
+    assert cli(["ledger", "check", str(tmp_path / "ledger")]) == 0
+    report = check(read_ledger(str(tmp_path / "ledger")))
+    assert report["ok"] and [r["mode"] for r in report["ledger"]["restarts"]] == ["fresh", "elastic"]
+    # steps past the checkpoint that reached the ledger before the kill are rolled back
+    assert 0 <= report["ledger"]["rolled_back_rank_steps"] <= 2 * (KILL_AT - SAVE_AT)
+    (summary,) = report["passes"]
+    assert summary["complete"] and summary["delivered_tokens"] == delivered
+    assert summary["not_delivered_tokens"] <= summary["drop_bound"]
