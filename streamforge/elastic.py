@@ -14,7 +14,7 @@ document's token offset) are thus part of the work, not lost. ``assign_work`` de
 the new topology deterministically: the ranges, sorted, are cut at exact token quantiles
 (per-record lengths from the shard indexes), and partial documents go round-robin. Each new
 worker reads its ranges through a fresh window shuffle and emits its partial documents first
-(``ShuffleBuffer`` window -1). ``remaining_plan`` makes a ``PassPlan`` of it, so the steps
+(``ShuffleBuffer`` windows -k..-1, in stored order, each shuffled). ``remaining_plan`` makes a ``PassPlan`` of it, so the steps
 left are equal on every rank. Chained restarts work the same way: the plan of a resumed pass
 is itself built from the saved work, so its workers' cursors are read against it.
 

@@ -22,9 +22,11 @@ passed over here; with ``eos_id`` set, EOS is appended to each document, in the 
 that lays the window out.
 
 After an elastic resume a worker may also be handed *partial documents*: the rest of
-documents another worker had started, ``(shard, record, token_start)``. They form window -1,
-emitted before window 0 of that pass, each laid out from ``token_start`` on; provenance
-keeps counting tokens from the document's start (``base``).
+documents another worker had started, ``(shard, record, token_start)``. In stored order, cut
+into windows of ``size`` documents, they form windows -k..-1, each shuffled like any window
+and emitted before window 0 of that pass; each document is laid out from its
+``token_start`` on, and provenance keeps counting tokens from the document's start
+(``base``).
 """
 
 from __future__ import annotations
@@ -83,8 +85,11 @@ class ShuffleBuffer:
         self._clear()
 
     def _first_window(self, pass_idx: int) -> int:
-        """-1 when the pass starts with partial documents, else 0."""
-        return -1 if self.partials_for(pass_idx) else 0
+        """-k when the pass starts with k windows of partial documents, else 0."""
+        return -self._partial_windows(pass_idx)
+
+    def _partial_windows(self, pass_idx: int) -> int:
+        return -(-len(self.partials_for(pass_idx)) // self.size)
 
     def _clear(self) -> None:
         self.loaded = False
@@ -100,11 +105,12 @@ class ShuffleBuffer:
     def _load(self) -> bool:
         """Load the next non-empty window; False when a finite stream is exhausted."""
         while True:
-            if self.window_idx == -1:
+            if self.window_idx < 0:
                 self._window_start = self.reader.state_dict()
                 if self._fill_partials(skip=0):
                     return True
-                self.window_idx = 0
+                self.window_idx += 1
+                continue
             if self.reader.pass_done:
                 if not self.reader.next_pass():
                     self._window_start = self.reader.state_dict()
@@ -116,27 +122,44 @@ class ShuffleBuffer:
                 return True
             self.window_idx += 1
 
+    def _partials(self, pass_idx: int, window: int) -> list:
+        """Partial-document window ``window`` (< 0) of the pass, in emission order."""
+        k = window + self._partial_windows(pass_idx)
+        chunk = sorted(self.partials_for(pass_idx))[k * self.size : (k + 1) * self.size]
+        key = derive_key("partials", self.seed, self.stream_key, pass_idx, self.global_worker, window, self.generation)
+        return [chunk[i] for i in permutation(len(chunk), key).tolist()]
+
     def _fill_partials(self, skip: int) -> bool:
-        """Lay out window -1: the pass's partial documents, each from its ``token_start``."""
-        partials = self.partials_for(self.reader.pass_idx)
+        """Lay out a window of partial documents, each from its ``token_start``."""
+        partials = self._partials(self.reader.pass_idx, self.window_idx)
         if not partials:
             return False
         source = self.reader.source
         size = source.dtype.itemsize
         eos = np.array([self.eos_id], source.dtype).view(np.uint8) if self.eos_id is not None else None
-        pieces, shard, record, base = [], [], [], []
-        for s, r, start in partials:
-            docs = source.read(int(s), int(r), int(r) + 1)
-            view = _byte_views(docs)[0] if len(docs) else np.zeros(0, np.uint8)
-            if eos is not None and len(view):
-                view = np.concatenate([view, eos])
-            pieces.append(view[int(start) * size :])
-            shard.append(int(s))
-            record.append(int(r))
-            base.append(int(start))
-        lens = np.array([len(p) // size for p in pieces], np.int64)
+        shard = [int(p[0]) for p in partials]
+        record = [int(p[1]) for p in partials]
+        base = [int(p[2]) for p in partials]
+        found = _read_records(source, list(zip(shard, record)))
+        empty = np.zeros(0, np.uint8)
+        views = [found.get(k, empty) for k in zip(shard, record)]
+        lens = np.array([len(v) // size for v in views], np.int64)
+        if eos is not None:
+            lens += lens > 0
+        lens -= np.array(base, np.int64)  # a damaged (empty) record stays empty: max(0, .)
+        np.maximum(lens, 0, out=lens)
+        pieces = []  # one copy: each document from its start token, EOS after it
+        for view, start in zip(views, base):
+            if not len(view):
+                continue
+            if start * size < len(view):
+                pieces.append(view[start * size :] if start else view)
+                if eos is not None:
+                    pieces.append(eos)
+            elif eos is not None:  # only the EOS was left of it
+                pieces.append(eos)
         self.tokens = np.concatenate(pieces).view(source.dtype) if pieces else np.zeros(0, source.dtype)
-        self.offsets = np.zeros(len(pieces) + 1, np.int64)
+        self.offsets = np.zeros(len(lens) + 1, np.int64)
         np.cumsum(lens, out=self.offsets[1:])
         self.shard, self.record = np.array(shard, np.int64), np.array(record, np.int64)
         self.base = np.array(base, np.int64)
@@ -333,16 +356,16 @@ class ShuffleBuffer:
         where = f"ShuffleBuffer({self.stream_key})"
         self.window_idx = int(state["window"])
         pos, token_offset = int(state["pos"]), int(state["token_offset"])
-        if self.window_idx < -1 or pos < 0 or token_offset < 0:
+        if self.window_idx < self._first_window(self.reader.pass_idx) or pos < 0 or token_offset < 0:
             raise ResumeMismatchError(
                 f"{where}: window {self.window_idx}, pos {pos}, token_offset {token_offset}: none may be negative"
             )
         if not state["loaded"]:
             return
-        if self.window_idx == -1:
-            if pos >= len(self.partials_for(self.reader.pass_idx)):
-                raise ResumeMismatchError(f"{where}: pos {pos} is outside the partial documents of pass "
-                                          f"{self.reader.pass_idx}")
+        if self.window_idx < 0:
+            if pos >= len(self._partials(self.reader.pass_idx, self.window_idx)):
+                raise ResumeMismatchError(f"{where}: pos {pos} is outside partial-document window "
+                                          f"{self.window_idx} of pass {self.reader.pass_idx}")
             return
         shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.size))
         order = _nonempty_order(lengths, self._key())
@@ -361,10 +384,10 @@ class ShuffleBuffer:
         self.reader.load_state_dict(state["reader"])
         self._window_start = self.reader.state_dict()
         self.window_idx = int(state["window"])
-        if self.window_idx < -1 or (self.window_idx == -1 and not self.partials_for(self.reader.pass_idx)):
+        if self.window_idx < self._first_window(self.reader.pass_idx):
             raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): window {self.window_idx} does not exist")
         if state["loaded"]:
-            fill = self._fill_partials if self.window_idx == -1 else self._fill
+            fill = self._fill_partials if self.window_idx < 0 else self._fill
             if not fill(skip=int(state["pos"])):
                 raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): the saved window is empty on re-read")
             token_offset = int(state["token_offset"])
@@ -400,12 +423,14 @@ class ShuffleBuffer:
         pass_idx = self.reader.pass_idx
         pos, offset = int(state["pos"]), int(state["token_offset"])
         pending: list[tuple[int, int, int]] = []
-        if self.window_idx == -1:
-            partials = self.partials_for(pass_idx)[pos if state["loaded"] else 0 :]
-            pending = [(int(s), int(r), int(t)) for s, r, t in partials]
-            if state["loaded"] and pending:
-                s, r, t = pending[0]
-                pending[0] = (s, r, t + offset)
+        if self.window_idx < 0:
+            for window in range(self.window_idx, 0):
+                skip = pos if (state["loaded"] and window == self.window_idx) else 0
+                chunk = [(int(s), int(r), int(t)) for s, r, t in self._partials(pass_idx, window)[skip:]]
+                if skip == pos and state["loaded"] and window == self.window_idx and chunk:
+                    s, r, t = chunk[0]
+                    chunk[0] = (s, r, t + offset)
+                pending += chunk
         elif state["loaded"]:
             ranges = self.reader.peek_ranges(self.size)
             shard, record, lengths = _window_records(self.reader.source, ranges)
@@ -443,6 +468,19 @@ def _window_records(source, ranges):
         z = np.zeros(0, np.int64)
         return z, z, z
     return np.concatenate(shard), np.concatenate(record), np.concatenate(lengths)
+
+
+def _read_records(source, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+    """Byte view of each wanted (shard, record), read by runs of frames (each decoded once)."""
+    if not wanted:
+        return {}
+    pairs = np.array(sorted(set(wanted)), np.int64)
+    shard, record = pairs[:, 0], pairs[:, 1]
+    bounds = [(int(s), int(record[shard == s].min()), int(record[shard == s].max()) + 1) for s in np.unique(shard)]
+    runs = _frame_runs(source, shard, record, bounds)
+    docs = DocBatch.concat([source.read(s, a, b) for s, a, b in runs], source.dtype)
+    views = _byte_views(docs)
+    return {k: views[i] for i, k in enumerate(zip(docs.shard.tolist(), docs.record.tolist()))}
 
 
 def _nonempty_order(lengths: np.ndarray, key: int) -> np.ndarray:
