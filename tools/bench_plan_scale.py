@@ -444,8 +444,36 @@ def section(res: dict, command: str) -> str:
         "",
         *elastic_lines(el),
         "",
+        *notes(res),
+        "",
         "![plan time and imbalance](img/plan_scale.png)",
     ])
+
+
+def notes(res: dict) -> list[str]:
+    """What the figures say, with the reasons for missed targets."""
+    out = []
+    missed = [(r["topology"], NAMES[s], v) for r in res["rows"]
+              for s, (v, a) in enumerate(zip(r["imbalance"], r["applies"])) if a and v >= TARGET_IMBALANCE]
+    if missed:
+        out += ["", f"Imbalance: the target is missed in {len(missed)} (topology, stream) cases. "
+                "`plan_stream` cuts each stream at token quantiles but places a cut inside a shard by "
+                "spreading the shard's tokens evenly over its records (plan.py), so a cut is off by the "
+                "shard's deviation from uniform up to that record: with lognormal lengths and a few "
+                "thousand records per shard, some percent of a worker's share once workers get less "
+                "than a shard each. `Planner.pass_plan` reads the index of nearly every shard a cut "
+                "falls in anyway (for exact counts), and a worker reads those of its own first and last "
+                "shards, so exact cuts would need few extra reads; this tool measures the plan as it is. Where a worker gets a few dozen long records (books), rounding a cut to a "
+                "record boundary alone costs up to half a record at each end, so no record-granular "
+                "plan meets 1.01 there."]
+    el = res["elastic"]
+    if el["partials"]:
+        out += ["", f"Elastic: the re-plan's cost grows with the partial documents of the saved windows "
+                f"({el['partials']:,} here): `assign_work` deals them out one by one as tuples and the "
+                "new plan (and so the loader state's `remaining`) lists every one of them. With the "
+                "default `shuffle_buffer=8192` at this scale a worker's whole share of a stream fits in "
+                "one window, so about every unread record of the pass is a partial document."]
+    return out
 
 
 def parse_args(argv):
