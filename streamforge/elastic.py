@@ -24,6 +24,7 @@ of a resumed job rebuilds the same plan.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -117,9 +118,12 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list[list[Ra
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
         ranges = [tuple(r) for r in stream_work["ranges"]]
+        # the indexes of every shard the split and the counts need, read in parallel
+        dataset.planner.prefetch_indexes(i, {r[0] for r in ranges} | {d[0] for d in stream_work["partials"]})
+        partials = stream_work["partials"]
         out.append((
             _split(dataset.planner, i, ranges, num_global, eos),
-            [[tuple(d) for d in stream_work["partials"][g::num_global]] for g in range(num_global)],
+            [list(map(tuple, partials[g::num_global])) for g in range(num_global)],
         ))
     return out
 
@@ -171,21 +175,21 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
     assigned = assign_work(dataset, work, n)
     planner = dataset.planner
     cfg = dataset.config
-    tokens, rows = [], []
-    for g in range(n):
-        tok = docs = 0
-        for i, (ranges, partials) in enumerate(assigned):
-            eos = dataset.eos_appended[i]
+    tokens = np.zeros(n, np.int64)
+    docs = np.zeros(n, np.int64)
+    for i, (ranges, _) in enumerate(assigned):
+        eos = dataset.eos_appended[i]
+        for g in range(n):
             for shard, a, b in ranges[g]:
                 t, d = planner.counts(i, shard, a, b)
-                tok += t + (d if eos else 0)
-                docs += d
-            for shard, record, start in partials[g]:
-                t, d = planner.counts(i, shard, record, record + 1)
-                tok += t + (d if eos else 0) - start
-                docs += 1
-        tokens.append(tok)
-        rows.append(worker_rows(tok, docs, seq_len=cfg.seq_len, packing=cfg.packing))
+                tokens[g] += t + (d if eos else 0)
+                docs[g] += d
+        # partial documents (dealt round-robin: the k-th goes to worker k % n), vectorized
+        t, count = _partial_tokens(planner, i, work["streams"][i]["partials"], n, dataset.eos_appended[i])
+        tokens += t
+        docs += count
+    tokens = [int(t) for t in tokens]
+    rows = [worker_rows(t, int(d), seq_len=cfg.seq_len, packing=cfg.packing) for t, d in zip(tokens, docs)]
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size)
     return PassPlan(
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,
@@ -193,6 +197,31 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
         ranges=[a[0] for a in assigned], tokens=tokens, rows=rows, steps=steps, first_step=first_step,
         partials=[a[1] for a in assigned],
     )
+
+
+def _partial_tokens(planner, stream: int, partials: list, n: int, eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per global worker of ``n``: the tokens left of its partial documents (the ``k``-th
+    partial is worker ``k % n``'s) and how many there are; what ``planner.counts`` of each
+    document's record gives, minus its ``token_start``."""
+    if not len(partials):
+        return np.zeros(n, np.int64), np.zeros(n, np.int64)
+    flat = np.fromiter(chain.from_iterable(partials), np.int64, 3 * len(partials)).reshape(-1, 3)
+    shard, record, start = flat[:, 0], flat[:, 1], flat[:, 2]
+    shards, which = np.unique(shard, return_inverse=True)
+    m = planner.manifests[stream]
+    lengths, base = [], [0]  # each shard's record lengths, laid end to end
+    for s in shards.tolist():
+        if int(m.columns["num_records"][s]) == 1 and "num_docs" in m.columns:  # counts() uses the manifest
+            t, d = int(m.columns["num_tokens"][s]), int(m.columns["num_docs"][s])
+            lengths.append(np.array([t + (d if eos else 0)], np.int64))
+        else:
+            tok, doc = planner._prefix_of(stream, s)
+            lengths.append(np.diff(tok) + (np.diff(doc) if eos else 0))
+        base.append(base[-1] + len(lengths[-1]))
+    length = np.concatenate(lengths)[np.asarray(base[:-1], np.int64)[which] + record]
+    owner = np.arange(len(flat)) % n
+    return (np.bincount(owner, weights=length - start, minlength=n).astype(np.int64),
+            np.bincount(owner, minlength=n).astype(np.int64))
 
 
 def work_tokens(dataset, work: Work) -> list[int]:

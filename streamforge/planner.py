@@ -134,17 +134,21 @@ class Planner:
     def record_lengths(self, stream: int, shards: Sequence[int], *, eos: bool) -> list[np.ndarray]:
         """Token count of every record of each of ``shards`` (plus one per non-empty record
         with ``eos``), their indexes read in parallel."""
-        wanted = [k for k in shards if (stream, k) not in self._prefix]
-        if wanted:
-            with ThreadPoolExecutor(max(1, min(_FETCH_THREADS, len(wanted)))) as pool:
-                for k, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(stream, k), wanted)):
-                    self._prefix[(stream, k)] = prefix
+        self.prefetch_indexes(stream, shards)
         out = []
         for k in shards:
             tokens, docs = self._prefix[(stream, k)]
             lengths = np.diff(tokens)
             out.append(lengths + np.diff(docs) if eos else lengths)
         return out
+
+    def prefetch_indexes(self, stream: int, shards) -> None:
+        """Read, in parallel, the record indexes of ``shards`` of a stream not read yet."""
+        wanted = sorted({int(k) for k in shards if (stream, int(k)) not in self._prefix})
+        if wanted:
+            with ThreadPoolExecutor(max(1, min(_FETCH_THREADS, len(wanted)))) as pool:
+                for k, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(stream, k), wanted)):
+                    self._prefix[(stream, k)] = prefix
 
     def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
         key = (stream, shard)
