@@ -295,7 +295,7 @@ class PackedTokenDataset(IterableDataset):
             if not isinstance(plan, EvalPlan):
                 plan = self.pass_plan(0, workers_per_rank=num_workers, batch_size=1)
             return EvalPipeline(self, worker, num_workers, plan)
-        work = plan if isinstance(plan, PassPlan) and plan.partials is not None else None
+        work = plan if isinstance(plan, PassPlan) and plan.windows is not None else None
         return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step, work=work)
 
     def __iter__(self) -> BlockIterator:
@@ -311,7 +311,7 @@ class WorkerPipeline:
     is told that step before the batch is built. In a finite pass, ``quota`` is the number of
     batches this worker builds (``PassPlan.batches_of``); every one is full. ``work`` is the
     plan of the rest of a pass after an elastic resume (``elastic.py``): in that pass the
-    worker reads its share of the work left, partial documents first.
+    worker reads its share of the work left, saved windows' rests first.
     """
 
     def __init__(
@@ -330,10 +330,10 @@ class WorkerPipeline:
         self.padded_rows = 0
         self.sources = []
         buffers = []
-        assigned = None if work is None else list(zip(work.ranges, work.partials))
+        assigned = None if work is None else list(zip(work.ranges, work.windows))
         for i, stream in enumerate(dataset.streams):
             source = dataset.open_source(i)
-            ranges_for, partials_for = worker_work(
+            ranges_for, windows_for = worker_work(
                 dataset, i, self.num_global_workers, self.global_worker, -1 if work is None else work.pass_idx,
                 assigned,
             )
@@ -344,7 +344,7 @@ class WorkerPipeline:
             eos = cfg.eos_id if dataset.eos_appended[i] else None
             buffers.append(ShuffleBuffer(
                 reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
-                global_worker=self.global_worker, eos_id=eos, partials_for=partials_for,
+                global_worker=self.global_worker, eos_id=eos, windows_for=windows_for,
                 generation=dataset.resume_generation,
             ))
             self.sources.append(source)

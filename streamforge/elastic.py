@@ -5,17 +5,18 @@ indexes only (no tokens), ``work_left`` lists what the saved job had not handed 
 current pass, per stream:
 
 * ``ranges``: records no worker had read yet (the tails of the workers' ranges);
-* ``partials``: documents read into a shuffle window but not wholly emitted, as
-  ``(shard, record, token_start)``: ``token_start`` is 0 for a document still waiting in its
-  window and the first token not yet delivered for the one a batch ended inside.
+* ``windows``: the rest of each worker's current shuffle window, compactly: the window's
+  record ranges, its shuffle key, how many of its documents were handed out (``pos``) and
+  how far into the next one (``offset``, in concat packing the packer's carry), with the
+  tokens and documents it still holds. One entry per saved worker, whatever the window size.
 
-Documents in shuffle windows and the packer's carry (in concat packing, the current
-document's token offset) are thus part of the work, not lost. ``assign_work`` deals it to
-the new topology deterministically: the ranges, sorted, are cut at exact token quantiles
-(per-record lengths from the shard indexes), and partial documents go round-robin. Each new
-worker reads its ranges through a fresh window shuffle and emits its partial documents first
-(``ShuffleBuffer`` windows -k..-1, in stored order, each shuffled). ``remaining_plan`` makes a ``PassPlan`` of it, so the steps
-left are equal on every rank. Chained restarts work the same way: the plan of a resumed pass
+Documents in shuffle windows and the packer's carry are thus part of the work, not lost.
+``assign_work`` deals it to the new topology deterministically: the ranges, sorted, are cut
+at exact token quantiles (per-record lengths from the shard indexes), then each window's rest
+goes to the worker with the fewest tokens so far. Each new worker emits its windows' rests
+first (``ShuffleBuffer`` windows -k..-1, laid out as a restore lays out a window), then reads
+its ranges through a fresh window shuffle. ``remaining_plan`` makes a ``PassPlan`` of it, so
+the steps left are equal on every rank. Chained restarts work the same way: the plan of a resumed pass
 is itself built from the saved work, so its workers' cursors are read against it.
 
 The result is JSON-able and goes into the loader's state (``remaining``), so an exact resume
@@ -24,14 +25,16 @@ of a resumed job rebuilds the same plan.
 
 from __future__ import annotations
 
-from itertools import chain
+import heapq
 from typing import Any, Sequence
 
 import numpy as np
 
 from .plan import PassPlan, Range, steps_for, worker_rows
 
-Work = dict[str, Any]  # {"pass": p, "streams": [{"ranges": [[s, a, b], ...], "partials": [[s, r, t], ...]}, ...]}
+# {"pass": p, "streams": [{"ranges": [[s, a, b], ...],
+#                          "windows": [{"ranges", "key", "pos", "offset", "tokens", "docs"}, ...]}, ...]}
+Work = dict[str, Any]
 
 
 def work_left(dataset, state: dict[str, Any]) -> Work:
@@ -41,7 +44,7 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
     pass_idx = int(state["pass"])
     previous = (state.get("remaining") or {}).get("work")
     assigned = assign_work(dataset, previous, saved_g) if previous else None
-    streams = [{"ranges": [], "partials": []} for _ in dataset.streams]
+    streams = [{"ranges": [], "windows": []} for _ in dataset.streams]
     for part in state["ranks"]:
         for w, worker_state in enumerate(part["workers"]):
             g = int(part["rank"]) * saved_w + w
@@ -49,19 +52,19 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
             if worker_state is None:  # nothing handed out: all of its work is left
                 for i, buffer in enumerate(buffers):
                     streams[i]["ranges"] += [list(r) for r in buffer.reader.ranges_for(pass_idx)]
-                    streams[i]["partials"] += [list(p) for p in buffer.partials_for(pass_idx)]
+                    streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
                 continue
             from .dataset import WorkerPipeline
 
             for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
-                p, ranges, pending = buffer.work_left(stream_state)
+                p, ranges, units = buffer.work_left(stream_state)
                 if p != pass_idx:  # a finite reader never leaves its pass
                     continue
                 streams[i]["ranges"] += [list(r) for r in ranges]
-                streams[i]["partials"] += [list(d) for d in pending]
+                streams[i]["windows"] += units
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
-        s["partials"] = sorted(s["partials"])
+        s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))
     return {"pass": pass_idx, "streams": streams}
 
 
@@ -84,18 +87,18 @@ def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned, ge
     cfg = dataset.config
     out = []
     for i, stream in enumerate(dataset.streams):
-        ranges_for, partials_for = worker_work(dataset, i, num_global, g, pass_idx, assigned)
+        ranges_for, windows_for = worker_work(dataset, i, num_global, g, pass_idx, assigned)
         reader = ShardReader(dataset._index_source(i), ranges_for=ranges_for, stream_key=stream.name,
                              infinite=False, first_pass=pass_idx)
         out.append(ShuffleBuffer(reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                                  global_worker=g, eos_id=cfg.eos_id if dataset.eos_appended[i] else None,
-                                 partials_for=partials_for, generation=generation))
+                                 windows_for=windows_for, generation=generation))
     return out
 
 
 def worker_work(dataset, stream: int, num_global: int, g: int, pass_idx: int, assigned):
-    """(ranges_for, partials_for) of global worker ``g``: its share of ``assigned`` work in
-    ``pass_idx``, the plan's ranges in every other pass."""
+    """(ranges_for, windows_for) of global worker ``g``: its share of ``assigned`` work in
+    ``pass_idx``, the plan's ranges (and no saved windows) in every other pass."""
     planner = dataset.planner
 
     def ranges_for(p: int) -> list[Range]:
@@ -103,29 +106,47 @@ def worker_work(dataset, stream: int, num_global: int, g: int, pass_idx: int, as
             return [tuple(r) for r in assigned[stream][0][g]]
         return planner.worker_ranges(stream, p, num_global, g)
 
-    def partials_for(p: int) -> list:
+    def windows_for(p: int) -> list:
         if assigned is not None and p == pass_idx:
-            return [tuple(d) for d in assigned[stream][1][g]]
+            return list(assigned[stream][1][g])
         return []
 
-    return ranges_for, partials_for
+    return ranges_for, windows_for
 
 
-def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list[list[Range]], list[list[tuple]]]]:
-    """Per stream, (ranges per global worker, partial documents per global worker): the
-    ranges cut at exact token quantiles, partial documents dealt round-robin."""
+def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list]]:
+    """Per stream, (ranges, saved windows' rests) per global worker: the ranges cut at exact
+    token quantiles, then each window's rest to the worker with the fewest tokens so far (in
+    order: deterministic)."""
     out = []
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
         ranges = [tuple(r) for r in stream_work["ranges"]]
         # the indexes of every shard the split and the counts need, read in parallel
-        dataset.planner.prefetch_indexes(i, {r[0] for r in ranges} | {d[0] for d in stream_work["partials"]})
-        partials = stream_work["partials"]
-        out.append((
-            _split(dataset.planner, i, ranges, num_global, eos),
-            [list(map(tuple, partials[g::num_global])) for g in range(num_global)],
-        ))
+        dataset.planner.prefetch_indexes(i, {r[0] for r in ranges})
+        parts = _split(dataset.planner, i, ranges, num_global, eos)
+        load, _ = _range_tokens(dataset.planner, i, parts, eos)
+        windows: list[list[dict]] = [[] for _ in range(num_global)]
+        heap = [(int(t), g) for g, t in enumerate(load)]
+        heapq.heapify(heap)
+        for unit in stream_work.get("windows", []):
+            tokens, g = heapq.heappop(heap)
+            windows[g].append(unit)
+            heapq.heappush(heap, (tokens + int(unit["tokens"]), g))
+        out.append((parts, windows))
     return out
+
+
+def _range_tokens(planner, stream: int, parts: list[list[Range]], eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, documents) of each worker's ranges, exactly."""
+    tokens = np.zeros(len(parts), np.int64)
+    docs = np.zeros(len(parts), np.int64)
+    for g, ranges in enumerate(parts):
+        for shard, a, b in ranges:
+            t, d = planner.counts(stream, shard, a, b)
+            tokens[g] += t + (d if eos else 0)
+            docs[g] += d
+    return tokens, docs
 
 
 def _split(planner, stream: int, ranges: list[Range], n: int, eos: bool) -> list[list[Range]]:
@@ -177,17 +198,13 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
     cfg = dataset.config
     tokens = np.zeros(n, np.int64)
     docs = np.zeros(n, np.int64)
-    for i, (ranges, _) in enumerate(assigned):
-        eos = dataset.eos_appended[i]
-        for g in range(n):
-            for shard, a, b in ranges[g]:
-                t, d = planner.counts(i, shard, a, b)
-                tokens[g] += t + (d if eos else 0)
-                docs[g] += d
-        # partial documents (dealt round-robin: the k-th goes to worker k % n), vectorized
-        t, count = _partial_tokens(planner, i, work["streams"][i]["partials"], n, dataset.eos_appended[i])
+    for i, (ranges, windows) in enumerate(assigned):
+        t, d = _range_tokens(planner, i, ranges, dataset.eos_appended[i])
         tokens += t
-        docs += count
+        docs += d
+        for g, units in enumerate(windows):
+            tokens[g] += sum(int(u["tokens"]) for u in units)
+            docs[g] += sum(int(u["docs"]) for u in units)
     tokens = [int(t) for t in tokens]
     rows = [worker_rows(t, int(d), seq_len=cfg.seq_len, packing=cfg.packing) for t, d in zip(tokens, docs)]
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size)
@@ -195,33 +212,8 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,
         batch_size=batch_size, seq_len=cfg.seq_len, packing=cfg.packing, streams=list(dataset.stream_names),
         ranges=[a[0] for a in assigned], tokens=tokens, rows=rows, steps=steps, first_step=first_step,
-        partials=[a[1] for a in assigned],
+        windows=[a[1] for a in assigned],
     )
-
-
-def _partial_tokens(planner, stream: int, partials: list, n: int, eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per global worker of ``n``: the tokens left of its partial documents (the ``k``-th
-    partial is worker ``k % n``'s) and how many there are; what ``planner.counts`` of each
-    document's record gives, minus its ``token_start``."""
-    if not len(partials):
-        return np.zeros(n, np.int64), np.zeros(n, np.int64)
-    flat = np.fromiter(chain.from_iterable(partials), np.int64, 3 * len(partials)).reshape(-1, 3)
-    shard, record, start = flat[:, 0], flat[:, 1], flat[:, 2]
-    shards, which = np.unique(shard, return_inverse=True)
-    m = planner.manifests[stream]
-    lengths, base = [], [0]  # each shard's record lengths, laid end to end
-    for s in shards.tolist():
-        if int(m.columns["num_records"][s]) == 1 and "num_docs" in m.columns:  # counts() uses the manifest
-            t, d = int(m.columns["num_tokens"][s]), int(m.columns["num_docs"][s])
-            lengths.append(np.array([t + (d if eos else 0)], np.int64))
-        else:
-            tok, doc = planner._prefix_of(stream, s)
-            lengths.append(np.diff(tok) + (np.diff(doc) if eos else 0))
-        base.append(base[-1] + len(lengths[-1]))
-    length = np.concatenate(lengths)[np.asarray(base[:-1], np.int64)[which] + record]
-    owner = np.arange(len(flat)) % n
-    return (np.bincount(owner, weights=length - start, minlength=n).astype(np.int64),
-            np.bincount(owner, minlength=n).astype(np.int64))
 
 
 def work_tokens(dataset, work: Work) -> list[int]:
@@ -233,9 +225,7 @@ def work_tokens(dataset, work: Work) -> list[int]:
         for shard, a, b in stream_work["ranges"]:
             t, d = dataset.planner.counts(i, shard, a, b)
             total += t + (d if eos else 0)
-        for shard, record, start in stream_work["partials"]:
-            t, d = dataset.planner.counts(i, shard, record, record + 1)
-            total += t + (d if eos else 0) - start
+        total += sum(int(u["tokens"]) for u in stream_work.get("windows", []))
         out.append(total)
     return out
 

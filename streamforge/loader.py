@@ -328,7 +328,7 @@ class StreamingLoader:
         new = f"{self.dataset.world_size} rank(s) x {self.num_logical} worker(s), batch {self.batch_size}"
         notes = [
             f"stream {n!r}: {t:,} tokens left in pass {self._pass} ({len(w['ranges'])} record ranges, "
-            f"{len(w['partials'])} documents from shuffle windows and the packer's carry)"
+            f"{len(w['windows'])} saved shuffle windows' rests, the packer's carry included)"
             for n, t, w in zip(names, left, work["streams"])
         ]
         notes.append(f"the rest of pass {self._pass}: {plan.steps} steps on every rank from step {step}; tokens "
@@ -393,7 +393,7 @@ class StreamingLoader:
         if unknown:
             raise ConfigError(f"resume_from_counters: no stream named {unknown}; the streams are {names}")
         per_pass = work_tokens(self.dataset, {"streams": [
-            {"ranges": [[k, 0, int(m.columns["num_records"][k])] for k in range(m.num_shards)], "partials": []}
+            {"ranges": [[k, 0, int(m.columns["num_records"][k])] for k in range(m.num_shards)], "windows": []}
             for m in self.dataset.manifests]})
         positions, notes = [], []
         for name, total in zip(names, per_pass):

@@ -199,9 +199,9 @@ class PassPlan:
     rows: list[int]
     steps: int
     first_step: int = 0
-    # after an elastic resume: per stream, per global worker, the partial documents
-    # (shard, record, token_start) it emits before its ranges (``elastic.py``)
-    partials: list[list[list[tuple[int, int, int]]]] | None = None
+    # after an elastic resume (``elastic.py``): per stream, per global worker, the rests of
+    # saved shuffle windows it emits before reading its ranges (the ``ShuffleBuffer`` prelude)
+    windows: list[list[list[dict]]] | None = None
 
     @property
     def num_global_workers(self) -> int:
@@ -241,8 +241,6 @@ class PassPlan:
     def from_dict(cls, data: dict[str, Any]) -> "PassPlan":
         data = dict(data)
         data["ranges"] = [[[tuple(r) for r in worker] for worker in stream] for stream in data["ranges"]]
-        if data.get("partials") is not None:
-            data["partials"] = [[[tuple(d) for d in worker] for worker in stream] for stream in data["partials"]]
         return cls(**data)
 
 

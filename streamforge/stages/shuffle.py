@@ -21,12 +21,10 @@ Zero-length records, and records the source skipped as damaged (``on_error="skip
 passed over here; with ``eos_id`` set, EOS is appended to each document, in the same copy
 that lays the window out.
 
-After an elastic resume a worker may also be handed *partial documents*: the rest of
-documents another worker had started, ``(shard, record, token_start)``. In stored order, cut
-into windows of ``size`` documents, they form windows -k..-1, each shuffled like any window
-and emitted before window 0 of that pass; each document is laid out from its
-``token_start`` on, and provenance keeps counting tokens from the document's start
-(``base``).
+After an elastic resume a worker may also be handed the rests of other workers' windows
+(``windows_for``: ``{"ranges", "key", "pos", "offset"}``), emitted as windows -k..-1 before
+window 0 of that pass: each laid out as a restore would lay it out (the window's order from
+its key, the first ``pos`` documents skipped, ``offset`` tokens into the next one).
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ class ShuffleBuffer:
         stream_key: str,
         global_worker: int,
         eos_id: int | None,
-        partials_for: Callable[[int], list] | None = None,
+        windows_for: Callable[[int], list] | None = None,
         generation: int = 0,
     ) -> None:
         if size < 1:
@@ -78,18 +76,28 @@ class ShuffleBuffer:
         self.stream_key = stream_key
         self.global_worker = global_worker
         self.eos_id = eos_id
-        self.partials_for = partials_for or (lambda pass_idx: [])
+        self.windows_for = windows_for or (lambda pass_idx: [])
         self.generation = int(generation)  # statistical resumes so far: each reshuffles the windows
         self._window_start = reader.state_dict()
         self.window_idx = self._first_window(reader.pass_idx)  # within the pass: loaded or next
         self._clear()
 
     def _first_window(self, pass_idx: int) -> int:
-        """-k when the pass starts with k windows of partial documents, else 0."""
-        return -self._partial_windows(pass_idx)
+        """-k when the pass starts with k saved windows' rests, else 0."""
+        return -len(self.windows_for(pass_idx))
 
-    def _partial_windows(self, pass_idx: int) -> int:
-        return -(-len(self.partials_for(pass_idx)) // self.size)
+    def _prelude(self, pass_idx: int, window: int) -> dict:
+        """The saved window's rest emitted as window ``window`` (< 0)."""
+        return self.windows_for(pass_idx)[window - self._first_window(pass_idx)]
+
+    def _fill_prelude(self, skip: int | None) -> bool:
+        """Lay out the current prelude window (``skip``: a restore's position)."""
+        item = self._prelude(self.reader.pass_idx, self.window_idx)
+        if not self._fill(int(item["pos"]) if skip is None else skip, unit=item):
+            return False
+        if skip is None:
+            self.token_offset = int(item["offset"])
+        return True
 
     def _clear(self) -> None:
         self.loaded = False
@@ -99,7 +107,6 @@ class ShuffleBuffer:
         self.record = None
         self.pos = 0
         self.token_offset = 0
-        self.base = None  # per document: where the laid-out tokens start in it (partials only)
 
     # -- windows ---------------------------------------------------------------------------
     def _load(self) -> bool:
@@ -107,7 +114,7 @@ class ShuffleBuffer:
         while True:
             if self.window_idx < 0:
                 self._window_start = self.reader.state_dict()
-                if self._fill_partials(skip=0):
+                if self._fill_prelude(skip=None):
                     return True
                 self.window_idx += 1
                 continue
@@ -122,69 +129,23 @@ class ShuffleBuffer:
                 return True
             self.window_idx += 1
 
-    def _partials(self, pass_idx: int, window: int) -> list:
-        """Partial-document window ``window`` (< 0) of the pass, in emission order."""
-        k = window + self._partial_windows(pass_idx)
-        chunk = sorted(self.partials_for(pass_idx))[k * self.size : (k + 1) * self.size]
-        key = derive_key("partials", self.seed, self.stream_key, pass_idx, self.global_worker, window, self.generation)
-        return [chunk[i] for i in permutation(len(chunk), key).tolist()]
-
-    def _fill_partials(self, skip: int) -> bool:
-        """Lay out a window of partial documents, each from its ``token_start``."""
-        partials = self._partials(self.reader.pass_idx, self.window_idx)
-        if not partials:
-            return False
-        source = self.reader.source
-        size = source.dtype.itemsize
-        eos = np.array([self.eos_id], source.dtype).view(np.uint8) if self.eos_id is not None else None
-        shard = [int(p[0]) for p in partials]
-        record = [int(p[1]) for p in partials]
-        base = [int(p[2]) for p in partials]
-        found = _read_records(source, list(zip(shard, record)))
-        empty = np.zeros(0, np.uint8)
-        views = [found.get(k, empty) for k in zip(shard, record)]
-        lens = np.array([len(v) // size for v in views], np.int64)
-        if eos is not None:
-            lens += lens > 0
-        lens -= np.array(base, np.int64)  # a damaged (empty) record stays empty: max(0, .)
-        np.maximum(lens, 0, out=lens)
-        pieces = []  # one copy: each document from its start token, EOS after it
-        for view, start in zip(views, base):
-            if not len(view):
-                continue
-            if start * size < len(view):
-                pieces.append(view[start * size :] if start else view)
-                if eos is not None:
-                    pieces.append(eos)
-            elif eos is not None:  # only the EOS was left of it
-                pieces.append(eos)
-        self.tokens = np.concatenate(pieces).view(source.dtype) if pieces else np.zeros(0, source.dtype)
-        self.offsets = np.zeros(len(lens) + 1, np.int64)
-        np.cumsum(lens, out=self.offsets[1:])
-        self.shard, self.record = np.array(shard, np.int64), np.array(record, np.int64)
-        self.base = np.array(base, np.int64)
-        self.loaded = True
-        self.pos = skip
-        self.token_offset = 0
-        self._offsets_list = self.offsets.tolist()
-        self._shard_list, self._record_list = shard, record
-        self._skip_empty()
-        return self.loaded
-
-    def _fill(self, skip: int) -> bool:
-        """Read the window at the reader's cursor and lay it out in emission order.
+    def _fill(self, skip: int, unit: dict | None = None) -> bool:
+        """Read the window at the reader's cursor (or a saved window's rest, ``unit``) and lay
+        it out in emission order.
 
         The order is computed from the records' lengths in the shard indexes, before any
         token is read; with ``skip`` > 0 (a restore) the first ``skip`` documents of the
         order were handed on already and are neither fetched nor laid out. The reader ends at
-        the window's end either way.
+        the window's end either way (a ``unit`` leaves it alone).
         """
-        ranges = self.reader.peek_ranges(self.size)
+        reading = unit is None
+        ranges = self.reader.peek_ranges(self.size) if reading else [tuple(r) for r in unit["ranges"]]
         source = self.reader.source
         shard, record, lengths = _window_records(source, ranges)
-        order = _nonempty_order(lengths, self._key())
+        order = _nonempty_order(lengths, self._key() if reading else int(unit["key"]))
         if len(order) == 0:
-            self.reader.skip(len(record))
+            if reading:
+                self.reader.skip(len(record))
             return False
         if not 0 <= skip < len(order):
             raise ResumeMismatchError(
@@ -192,7 +153,7 @@ class ShuffleBuffer:
                 f"{self.window_idx} of {len(order)} documents"
             )
         wanted = order[skip:]
-        if skip == 0:
+        if skip == 0 and reading:
             docs = self.reader.read(self.size)
         else:
             runs = _frame_runs(source, shard[np.sort(wanted)], record[np.sort(wanted)], ranges)
@@ -200,7 +161,8 @@ class ShuffleBuffer:
             if plan_reads is not None:
                 plan_reads(runs)  # fetch only the pending documents' frames
             docs = DocBatch.concat([source.read(s, a, b) for s, a, b in runs], source.dtype)
-            self.reader.skip(len(record))
+            if reading:
+                self.reader.skip(len(record))
         views = _byte_views(docs)
         lens = lengths[order].copy()
         lens[:skip] = 0
@@ -278,8 +240,7 @@ class ShuffleBuffer:
         stop = self._offsets_list[self.pos + 1]
         k = min(n, stop - start)
         piece = self.tokens[start : start + k]
-        meta = (self._shard_list[self.pos], self._record_list[self.pos],
-                self.token_offset + (0 if self.base is None else int(self.base[self.pos])))
+        meta = (self._shard_list[self.pos], self._record_list[self.pos], self.token_offset)
         done = start + k == stop
         if done:
             self._advance(1)
@@ -318,8 +279,7 @@ class ShuffleBuffer:
             tokens=self.tokens[first:stop],
             shard=self.shard[pos : pos + docs][keep],
             record=self.record[pos : pos + docs][keep],
-            token_start=(starts[:-1] - self.offsets[pos : pos + docs]
-                         + (0 if self.base is None else self.base[pos : pos + docs]))[keep],
+            token_start=(starts[:-1] - self.offsets[pos : pos + docs])[keep],
             length=length[keep],
             done=done,
         )
@@ -363,9 +323,10 @@ class ShuffleBuffer:
         if not state["loaded"]:
             return
         if self.window_idx < 0:
-            if pos >= len(self._partials(self.reader.pass_idx, self.window_idx)):
-                raise ResumeMismatchError(f"{where}: pos {pos} is outside partial-document window "
-                                          f"{self.window_idx} of pass {self.reader.pass_idx}")
+            item = self._prelude(self.reader.pass_idx, self.window_idx)
+            if pos < int(item["pos"]):
+                raise ResumeMismatchError(f"{where}: pos {pos} is before where resumed window "
+                                          f"{self.window_idx} starts ({item['pos']})")
             return
         shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.size))
         order = _nonempty_order(lengths, self._key())
@@ -387,7 +348,7 @@ class ShuffleBuffer:
         if self.window_idx < self._first_window(self.reader.pass_idx):
             raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): window {self.window_idx} does not exist")
         if state["loaded"]:
-            fill = self._fill_partials if self.window_idx < 0 else self._fill
+            fill = self._fill_prelude if self.window_idx < 0 else self._fill
             if not fill(skip=int(state["pos"])):
                 raise ResumeMismatchError(f"ShuffleBuffer({self.stream_key}): the saved window is empty on re-read")
             token_offset = int(state["token_offset"])
@@ -415,31 +376,34 @@ class ShuffleBuffer:
         self._window_start = self.reader.state_dict()
         self.window_idx = 0
 
-    def work_left(self, state: dict[str, Any]) -> tuple[int, list, list[tuple[int, int, int]]]:
-        """(pass, record ranges not yet read, documents read but not wholly emitted as
-        ``(shard, record, token_start)``) of a saved state, from record indexes only (leaves
-        this buffer unusable). Together they are exactly what this worker has not handed on."""
+    def work_left(self, state: dict[str, Any]) -> tuple[int, list, list[dict]]:
+        """What this worker had not handed on at a saved state, from record indexes only
+        (leaves this buffer unusable): (pass, record ranges not yet read, windows' rests
+        ``{"ranges", "key", "pos", "offset", "tokens", "docs"}``: its current window's and
+        those of its prelude not yet emitted)."""
         self.check_state(state)
         pass_idx = self.reader.pass_idx
-        pos, offset = int(state["pos"]), int(state["token_offset"])
-        pending: list[tuple[int, int, int]] = []
+        loaded, pos, offset = bool(state["loaded"]), int(state["pos"]), int(state["token_offset"])
+        units: list[dict] = []
         if self.window_idx < 0:
             for window in range(self.window_idx, 0):
-                skip = pos if (state["loaded"] and window == self.window_idx) else 0
-                chunk = [(int(s), int(r), int(t)) for s, r, t in self._partials(pass_idx, window)[skip:]]
-                if skip == pos and state["loaded"] and window == self.window_idx and chunk:
-                    s, r, t = chunk[0]
-                    chunk[0] = (s, r, t + offset)
-                pending += chunk
-        elif state["loaded"]:
+                current = loaded and window == self.window_idx
+                item = self._prelude(pass_idx, window)
+                units.append(self._unit(item["ranges"], int(item["key"]), pos if current else int(item["pos"]),
+                                        offset if current else int(item["offset"])))
+        elif loaded:
             ranges = self.reader.peek_ranges(self.size)
-            shard, record, lengths = _window_records(self.reader.source, ranges)
-            order = _nonempty_order(lengths, self._key())[pos:]
-            pending = [(int(shard[k]), int(record[k]), 0) for k in order]
-            if pending:
-                pending[0] = (pending[0][0], pending[0][1], offset)
-            self.reader.skip(len(record))
-        return pass_idx, self.reader.unread(), pending
+            units.append(self._unit(ranges, self._key(), pos, offset))
+            self.reader.skip(sum(b - a for _, a, b in ranges))
+        return pass_idx, self.reader.unread(), [u for u in units if u["docs"]]
+
+    def _unit(self, ranges, key: int, pos: int, offset: int) -> dict:
+        """A saved window's rest, with the tokens and documents it still holds."""
+        _, _, lengths = _window_records(self.reader.source, ranges)
+        order = _nonempty_order(lengths, key)[pos:]
+        tokens = int(lengths[order].sum()) + (len(order) if self.eos_id is not None else 0) - offset
+        return {"ranges": [[int(s), int(a), int(b)] for s, a, b in ranges], "key": int(key), "pos": pos,
+                "offset": offset, "tokens": tokens, "docs": len(order)}
 
     def pending_records(self) -> list[tuple[int, int]]:
         """(shard, record) of documents read from the reader but not yet fully emitted."""
@@ -468,19 +432,6 @@ def _window_records(source, ranges):
         z = np.zeros(0, np.int64)
         return z, z, z
     return np.concatenate(shard), np.concatenate(record), np.concatenate(lengths)
-
-
-def _read_records(source, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-    """Byte view of each wanted (shard, record), read by runs of frames (each decoded once)."""
-    if not wanted:
-        return {}
-    pairs = np.array(sorted(set(wanted)), np.int64)
-    shard, record = pairs[:, 0], pairs[:, 1]
-    bounds = [(int(s), int(record[shard == s].min()), int(record[shard == s].max()) + 1) for s in np.unique(shard)]
-    runs = _frame_runs(source, shard, record, bounds)
-    docs = DocBatch.concat([source.read(s, a, b) for s, a, b in runs], source.dtype)
-    views = _byte_views(docs)
-    return {k: views[i] for i, k in enumerate(zip(docs.shard.tolist(), docs.record.tolist()))}
 
 
 def _nonempty_order(lengths: np.ndarray, key: int) -> np.ndarray:
