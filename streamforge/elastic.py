@@ -129,7 +129,8 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list]]
         windows: list[list[dict]] = [[] for _ in range(num_global)]
         heap = [(int(t), g) for g, t in enumerate(load)]
         heapq.heapify(heap)
-        for unit in stream_work.get("windows", []):
+        # largest first, each to the least-loaded worker (ties: the lower worker)
+        for unit in sorted(stream_work.get("windows", []), key=lambda u: (-int(u["tokens"]), u["ranges"], u["key"])):
             tokens, g = heapq.heappop(heap)
             windows[g].append(unit)
             heapq.heappush(heap, (tokens + int(unit["tokens"]), g))

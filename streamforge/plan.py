@@ -4,14 +4,16 @@ A pure function of (shard sizes, seed, stream key, pass, number of global worker
 
 Algorithm, per stream and pass:
   1. permute the shards with a key derived from (seed, stream, pass);
-  2. lay their records end to end in that order, and estimate each record's token position
-     by spreading every shard's token count evenly over its records;
-  3. cut the sequence at the token quantiles ``k * num_tokens / N`` (k = 1..N-1), rounded to
-     the nearest record; global worker k reads the records between cuts k and k+1.
+  2. lay their records end to end in that order;
+  3. cut the sequence at the token quantiles ``k * num_tokens / N`` (k = 1..N-1), at the
+     record boundary nearest each: exactly, from the record lengths of the shard the cut falls
+     in (one record index per cut, read by the planner), or, without them, estimating
+     positions inside the shard by spreading its tokens evenly over its records; global
+     worker k reads the records between cuts k and k+1.
 
 Every record lands in exactly one worker's ranges (the cuts are monotone), workers differ in
-tokens by about one record plus the within-shard estimation error, and a stream with fewer
-shards than workers is split into record ranges. The global worker of (rank, worker) is
+tokens by about one record (plus the estimation error when cuts are estimated), and a stream
+with fewer shards than workers is split into record ranges. The global worker of (rank, worker) is
 ``rank * workers_per_rank + worker``.
 
 The plan of a pass (``PassPlan``) is that assignment made explicit, with what the job clock
@@ -49,33 +51,83 @@ def plan_stream(
     stream_key: str,
     pass_idx: int,
     num_global_workers: int,
+    record_tokens: Callable[[int], np.ndarray] | None = None,
+    workers: Sequence[int] | None = None,
 ) -> list[list[Range]]:
-    """Record ranges of one stream for every global worker, in reading order."""
-    records = np.asarray(shard_records, dtype=np.int64)
-    tokens = np.asarray(shard_tokens, dtype=np.float64)
-    n_workers = int(num_global_workers)
-    if n_workers < 1:
-        raise ValueError(f"num_global_workers must be >= 1, got {num_global_workers}")
-    order = permutation(len(records), derive_key("shard-order", seed, stream_key, pass_idx))
-    rec = records[order]
-    tok = tokens[order]
-    rec_start = np.concatenate([[0], np.cumsum(rec)])  # position of each shard in record space
-    tok_start = np.concatenate([[0.0], np.cumsum(tok)])
-    total = tok_start[-1]
-    cuts = [0]
-    for k in range(1, n_workers):
-        target = total * k / n_workers
+    """Record ranges of one stream for every global worker (or for ``workers`` only, in that
+    order), in reading order.
+
+    With ``record_tokens(shard)`` (the token count of each of a shard's records), a cut that
+    falls inside a shard goes to the record boundary nearest its token quantile, exactly;
+    without, the shard's tokens are taken as spread evenly over its records. Each cut is
+    computed on its own (a worker's ranges need its two cuts only, so at most two shards'
+    record lengths); the cuts are monotone either way.
+    """
+    layout = _Layout(shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers)
+    wanted = range(layout.n) if workers is None else workers
+    return [_ranges_between(layout.order, layout.rec, layout.rec_start,
+                            layout.cut(k, record_tokens), layout.cut(k + 1, record_tokens)) for k in wanted]
+
+
+def cut_shards(shard_records, shard_tokens, *, seed: int, stream_key: str, pass_idx: int,
+               num_global_workers: int, workers: Sequence[int] | None = None) -> set[int]:
+    """The shards that the cuts of ``workers`` (default: all) fall inside: the ones whose
+    record lengths ``plan_stream(record_tokens=...)`` asks for."""
+    layout = _Layout(shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers)
+    ks = range(1, layout.n) if workers is None else {k for g in workers for k in (g, g + 1)}
+    return {s for s in (layout.cut_shard(k) for k in ks) if s is not None}
+
+
+class _Layout:
+    """A stream's shards in the pass's order, laid end to end in record and token space."""
+
+    def __init__(self, shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers) -> None:
+        records = np.asarray(shard_records, dtype=np.int64)
+        tokens = np.asarray(shard_tokens, dtype=np.float64)
+        self.n = int(num_global_workers)
+        if self.n < 1:
+            raise ValueError(f"num_global_workers must be >= 1, got {num_global_workers}")
+        self.order = permutation(len(records), derive_key("shard-order", seed, stream_key, pass_idx))
+        self.rec = records[self.order]
+        self.tok = tokens[self.order]
+        self.rec_start = np.concatenate([[0], np.cumsum(self.rec)])  # each shard's place in record space
+        self.tok_start = np.concatenate([[0.0], np.cumsum(self.tok)])
+        self.total = self.tok_start[-1]
+
+    def _locate(self, k: int) -> tuple[int, float]:
+        """(position of the shard the k-th cut falls in, the cut's token target)."""
+        target = self.total * k / self.n
         # the last shard whose token span starts at or before the target
-        j = int(np.searchsorted(tok_start[1:], target, side="left"))
-        j = min(j, len(rec) - 1)
-        if tok[j] > 0:
-            frac = (target - tok_start[j]) / tok[j]
-            within = int(round(min(max(frac, 0.0), 1.0) * rec[j]))
+        j = int(np.searchsorted(self.tok_start[1:], target, side="left"))
+        return min(j, len(self.rec) - 1), target
+
+    def cut_shard(self, k: int) -> int | None:
+        """The shard (its id) the k-th cut falls strictly inside, if any."""
+        if k <= 0 or k >= self.n or not len(self.rec):
+            return None
+        j, target = self._locate(k)
+        inside = self.tok[j] > 0 and self.tok_start[j] < target < self.tok_start[j + 1] and self.rec[j] > 1
+        return int(self.order[j]) if inside else None
+
+    def cut(self, k: int, record_tokens=None) -> int:
+        """The k-th cut in record space (0 and the stream's record count at the ends)."""
+        if k <= 0 or not len(self.rec):
+            return 0
+        if k >= self.n:
+            return int(self.rec_start[-1])
+        j, target = self._locate(k)
+        if self.tok[j] <= 0:
+            within = int(self.rec[j]) if target > self.tok_start[j] else 0
+        elif record_tokens is not None and self.cut_shard(k) is not None:
+            ends = np.cumsum(np.asarray(record_tokens(int(self.order[j])), np.float64))
+            local = target - self.tok_start[j]
+            i = int(np.searchsorted(ends, local, side="left"))  # record i holds the target
+            before = ends[i - 1] if i > 0 else 0.0
+            within = i if i >= len(ends) or local - before <= ends[i] - local else i + 1
         else:
-            within = int(rec[j]) if target > tok_start[j] else 0
-        cuts.append(max(cuts[-1], int(rec_start[j]) + within))
-    cuts.append(int(rec_start[-1]))
-    return [_ranges_between(order, rec, rec_start, cuts[k], cuts[k + 1]) for k in range(n_workers)]
+            frac = (target - self.tok_start[j]) / self.tok[j]
+            within = int(round(min(max(frac, 0.0), 1.0) * self.rec[j]))
+        return int(self.rec_start[j]) + min(within, int(self.rec[j]))
 
 
 def _ranges_between(order, rec, rec_start, lo: int, hi: int) -> list[Range]:

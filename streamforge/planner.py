@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import ShardCorruptError
 from .format.manifest import Manifest
-from .plan import PassPlan, Range, build_pass_plan, plan_stream, records_at, trim_ranges
+from .plan import PassPlan, Range, build_pass_plan, cut_shards, plan_stream, records_at, trim_ranges
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -36,11 +36,13 @@ class Planner:
 
     def _reset(self) -> None:
         self._ranges: dict[tuple[int, int, int], list[list[Range]]] = {}
+        self._worker_ranges: dict[tuple[int, int, int, int], list[Range]] = {}
         self._prefix: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_ranges", None)
+        state.pop("_worker_ranges", None)
         state.pop("_prefix", None)
         return state
 
@@ -50,22 +52,41 @@ class Planner:
 
     # -- ranges (pure) -----------------------------------------------------------------------
     def ranges(self, stream: int, pass_idx: int, num_global_workers: int) -> list[list[Range]]:
-        """Every global worker's ranges of ``stream`` in ``pass_idx``."""
+        """Every global worker's ranges of ``stream`` in ``pass_idx`` (cut exactly: the
+        record index of every shard a cut falls in is read, in parallel, and kept)."""
         key = (stream, pass_idx, num_global_workers)
         cached = self._ranges.get(key)
         if cached is None:
-            m = self.manifests[stream]
-            cached = plan_stream(
-                m.columns["num_records"], m.columns["num_tokens"], seed=self.seed,
-                stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=num_global_workers,
-            )
+            cached = self._plan(stream, pass_idx, num_global_workers, None)
             if len(self._ranges) >= _RANGE_CACHE * len(self.names):
                 self._ranges.pop(next(iter(self._ranges)))
             self._ranges[key] = cached
         return cached
 
     def worker_ranges(self, stream: int, pass_idx: int, num_global_workers: int, global_worker: int) -> list[Range]:
-        return self.ranges(stream, pass_idx, num_global_workers)[global_worker]
+        """One global worker's ranges: from the whole plan when it is at hand, else from that
+        worker's two cuts alone (at most two record indexes read: what a worker process does)."""
+        whole = self._ranges.get((stream, pass_idx, num_global_workers))
+        if whole is not None:
+            return whole[global_worker]
+        key = (stream, pass_idx, num_global_workers, global_worker)
+        cached = self._worker_ranges.get(key)
+        if cached is None:
+            cached = self._plan(stream, pass_idx, num_global_workers, [global_worker])[0]
+            if len(self._worker_ranges) >= _RANGE_CACHE * len(self.names) * 64:
+                self._worker_ranges.pop(next(iter(self._worker_ranges)))
+            self._worker_ranges[key] = cached
+        return cached
+
+    def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
+        m = self.manifests[stream]
+        args = dict(seed=self.seed, stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=n)
+        records, tokens = m.columns["num_records"], m.columns["num_tokens"]
+        record_tokens = None
+        if self._sources is not None:
+            self.prefetch_indexes(stream, cut_shards(records, tokens, workers=workers, **args))
+            record_tokens = lambda shard: np.diff(self._prefix_of(stream, shard)[0])  # noqa: E731
+        return plan_stream(records, tokens, record_tokens=record_tokens, workers=workers, **args)
 
     # -- the plan of a pass ------------------------------------------------------------------
     def pass_plan(

@@ -64,3 +64,34 @@ def test_plan_golden_order():
 
 
 GOLDEN = [[(2, 0, 2), (0, 0, 3)], [(1, 0, 4)], [(1, 4, 5), (3, 0, 4)]]
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.lists(st.integers(0, 500), min_size=0, max_size=40), min_size=1, max_size=12),
+       workers=st.integers(1, 40), seed=st.integers(0, 2**32))
+def test_exact_cuts_balance_any_record_lengths_and_match_worker_by_worker(lengths, workers, seed):
+    """With the record lengths of the shards cuts fall in, every worker is within one record
+    of its token share whatever the lengths; a worker's ranges alone (its two cuts) equal its
+    part of the whole plan; only the shards cuts fall inside are asked for."""
+    from streamforge.plan import cut_shards
+
+    records = [len(x) for x in lengths]
+    tokens = [sum(x) for x in lengths]
+    asked = set()
+
+    def record_tokens(shard):
+        asked.add(shard)
+        return np.asarray(lengths[shard])
+
+    args = dict(seed=seed, stream_key="s", pass_idx=0, num_global_workers=workers)
+    plan = plan_stream(records, tokens, record_tokens=record_tokens, **args)
+    expected = sorted((s, r) for s, n in enumerate(records) for r in range(n))
+    assert _covered(plan) == expected
+    assert asked <= cut_shards(records, tokens, **args)
+    longest = max((max(x) for x in lengths if x), default=0)
+    target = sum(tokens) / workers
+    for ranges in plan:
+        got = sum(sum(lengths[s][a:b]) for s, a, b in ranges)
+        assert abs(got - target) <= longest  # each cut lies within half a record of its quantile
+    for g in {0, workers // 2, workers - 1}:
+        assert plan_stream(records, tokens, record_tokens=record_tokens, workers=[g], **args)[0] == plan[g]

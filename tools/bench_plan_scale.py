@@ -460,16 +460,12 @@ def notes(res: dict) -> list[str]:
     missed = [(r["topology"], NAMES[s], v) for r in res["rows"]
               for s, (v, a) in enumerate(zip(r["imbalance"], r["applies"])) if a and v >= TARGET_IMBALANCE]
     if missed:
-        out += ["", f"Imbalance: the target is missed in {len(missed)} (topology, stream) cases. "
-                "`plan_stream` cuts each stream at token quantiles but places a cut inside a shard by "
-                "spreading the shard's tokens evenly over its records (plan.py), so a cut is off by the "
-                "shard's deviation from uniform up to that record: with lognormal lengths and a few "
-                "thousand records per shard, some percent of a worker's share once workers get less "
-                "than a shard each. `Planner.pass_plan` reads the index of nearly every shard a cut "
-                "falls in anyway (for exact counts), and a worker reads those of its own first and last "
-                "shards, so exact cuts would need few extra reads; this tool measures the plan as it is. Where a worker gets a few dozen long records (books), rounding a cut to a "
-                "record boundary alone costs up to half a record at each end, so no record-granular "
-                "plan meets 1.01 there."]
+        out += ["", f"Imbalance: the target is missed in {len(missed)} (topology, stream) case(s): "
+                + ", ".join(f"{t} {n} ({v:.4f})" for t, n, v in missed) + ". The cuts are exact (each at the "
+                "record boundary nearest its token quantile, from the record lengths of the shard it falls "
+                "in), so what is left is record granularity: a worker is off its share by up to half a "
+                "record at each of its two cuts, which is more than 1% of the share once a worker gets "
+                "fewer than about a hundred records of a stream with long, lognormal records (books)."]
     el = res["elastic"]
     out += ["", f"Elastic: the saved work lists each saved worker's window rest as one entry (its record "
             f"ranges, shuffle key, position and the tokens it holds), {el['windows']:,} entries for "
