@@ -6,7 +6,7 @@ import pytest
 
 from fault_proxy import FaultProxy
 from storage_helpers import FAST_RETRY, batches, equal, write_corpus
-from streamforge import PackedTokenDataset, Stream, StreamingLoader
+from streamforge import PackedTokenDataset, Stream, StreamingLoader, unpack_state
 from streamforge.errors import StorageError
 from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy, StorageConfig
@@ -43,7 +43,7 @@ def test_state_stays_valid_when_retries_run_out(s3_corpus, s3_server):
         state = loader.state_dict()  # the state of the last batch handed out
     finally:
         proxy.stop()
-    assert state["batch"] == len(head) and equal(head, clean[: len(head)])
+    assert unpack_state(state)["batch"] == len(head) and equal(head, clean[: len(head)])
     resumed = _loader(url, opts)  # storage is back
     resumed.load_state_dict(state)
     assert resumed.resume_report.mode == "exact"
