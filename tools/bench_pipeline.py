@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import zstandard  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from streamforge import PackedTokenDataset, ShardWriter, StreamingLoader  # noqa: E402
+from streamforge import PackedTokenDataset, ShardWriter, StreamingLoader, unpack_state  # noqa: E402
 from streamforge.batch import expand  # noqa: E402
 from streamforge.source import ShardSource  # noqa: E402
 
@@ -328,7 +328,7 @@ def measure_resume(url: str, pass_batches: dict[int, int], repeats: int) -> dict
             for key in keys:
                 out[key].append(time_first_batch(url, key[0], states.get(key)))
                 bar.update()
-    return {"times": out, "batches": {k: v["batches"] for k, v in states.items()}}
+    return {"times": out, "batches": {k: unpack_state(v)["batch"] for k, v in states.items()}}
 
 
 def median(values) -> float:
