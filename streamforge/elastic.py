@@ -130,7 +130,8 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list]]
         heap = [(int(t), g) for g, t in enumerate(load)]
         heapq.heapify(heap)
         # largest first, each to the least-loaded worker (ties: the lower worker)
-        for unit in sorted(stream_work.get("windows", []), key=lambda u: (-int(u["tokens"]), u["ranges"], u["key"])):
+        # (the work lists them sorted: a stable sort by tokens keeps that order among equals)
+        for unit in sorted(stream_work.get("windows", []), key=lambda u: -int(u["tokens"])):
             tokens, g = heapq.heappop(heap)
             windows[g].append(unit)
             heapq.heappush(heap, (tokens + int(unit["tokens"]), g))
