@@ -114,80 +114,65 @@ def worker_work(dataset, stream: int, num_global: int, g: int, pass_idx: int, as
     return ranges_for, windows_for
 
 
-def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list]]:
-    """Per stream, (ranges, saved windows' rests) per global worker: the ranges cut at exact
-    token quantiles, then each window's rest to the worker with the fewest tokens so far (in
-    order: deterministic)."""
+def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, np.ndarray, np.ndarray]]:
+    """Per stream, (ranges, saved windows' rests, tokens, documents) per global worker: the
+    ranges cut at exact token quantiles, then each window's rest to the worker with the fewest
+    tokens so far (largest first; deterministic)."""
     out = []
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
         ranges = [tuple(r) for r in stream_work["ranges"]]
         # the indexes of every shard the split and the counts need, read in parallel
         dataset.planner.prefetch_indexes(i, {r[0] for r in ranges})
-        parts = _split(dataset.planner, i, ranges, num_global, eos)
-        load, _ = _range_tokens(dataset.planner, i, parts, eos)
+        parts, tokens, docs = _split(dataset.planner, i, ranges, num_global, eos)
         windows: list[list[dict]] = [[] for _ in range(num_global)]
-        heap = [(int(t), g) for g, t in enumerate(load)]
+        heap = [(int(t), g) for g, t in enumerate(tokens)]
         heapq.heapify(heap)
-        # largest first, each to the least-loaded worker (ties: the lower worker)
         # (the work lists them sorted: a stable sort by tokens keeps that order among equals)
         for unit in sorted(stream_work.get("windows", []), key=lambda u: -int(u["tokens"])):
-            tokens, g = heapq.heappop(heap)
+            load, g = heapq.heappop(heap)
             windows[g].append(unit)
-            heapq.heappush(heap, (tokens + int(unit["tokens"]), g))
-        out.append((parts, windows))
+            tokens[g] += int(unit["tokens"])
+            docs[g] += int(unit["docs"])
+            heapq.heappush(heap, (load + int(unit["tokens"]), g))
+        out.append((parts, windows, tokens, docs))
     return out
 
 
-def _range_tokens(planner, stream: int, parts: list[list[Range]], eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, documents) of each worker's ranges, exactly."""
-    tokens = np.zeros(len(parts), np.int64)
-    docs = np.zeros(len(parts), np.int64)
-    for g, ranges in enumerate(parts):
-        for shard, a, b in ranges:
-            t, d = planner.counts(stream, shard, a, b)
-            tokens[g] += t + (d if eos else 0)
-            docs[g] += d
-    return tokens, docs
-
-
-def _split(planner, stream: int, ranges: list[Range], n: int, eos: bool) -> list[list[Range]]:
-    """``ranges`` (in order) cut into ``n`` consecutive parts of near-equal tokens, at record
-    boundaries chosen from the records' exact lengths."""
-    prefix = []  # per range: the eff-token prefix over its records
+def _split(planner, stream: int, ranges: list[Range], n: int, eos: bool):
+    """``ranges`` (in order) cut into ``n`` consecutive parts of near-equal tokens, each cut at
+    the record boundary nearest its quantile (exact record lengths); with each part's tokens
+    and non-empty documents."""
+    if not ranges:
+        return [[] for _ in range(n)], np.zeros(n, np.int64), np.zeros(n, np.int64)
+    lengths, nonempty = [], []
     for shard, a, b in ranges:
         tokens, docs = planner._prefix_of(stream, shard)
-        eff = tokens[a : b + 1] - tokens[a] + ((docs[a : b + 1] - docs[a]) if eos else 0)
-        prefix.append(eff)
-    sizes = np.array([int(p[-1]) for p in prefix], np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    total = int(starts[-1])
-    cuts = [(0, 0)]  # (range index, record offset within it)
-    for k in range(1, n):
-        target = total * k / n
-        j = min(int(np.searchsorted(starts[1:], target, side="left")), max(len(ranges) - 1, 0))
-        if not ranges:
-            cuts.append((0, 0))
-            continue
-        within = int(np.searchsorted(prefix[j], target - starts[j], side="left"))
-        # round to the nearer record boundary
-        if 0 < within < len(prefix[j]) and (prefix[j][within] - (target - starts[j])) > (
-                (target - starts[j]) - prefix[j][within - 1]):
-            within -= 1
-        cut = (j, min(within, ranges[j][2] - ranges[j][1]))
-        cuts.append(max(cut, cuts[-1]))
-    cuts.append((len(ranges), 0))
+        d = np.diff(docs[a : b + 1])
+        lengths.append(np.diff(tokens[a : b + 1]) + (d if eos else 0))
+        nonempty.append(d)
+    cum = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
+    dcum = np.concatenate([[0], np.cumsum(np.concatenate(nonempty))])
+    targets = cum[-1] * np.arange(1, n) / n
+    upper = np.minimum(np.searchsorted(cum, targets, side="left"), len(cum) - 1)
+    lower = np.maximum(upper - 1, 0)
+    nearer_lower = (upper > 0) & (cum[upper] - targets > targets - cum[lower])
+    cuts = np.maximum.accumulate(np.where(nearer_lower, lower, upper)) if n > 1 else np.zeros(0, np.int64)
+    bounds = np.concatenate([[0], cuts, [len(cum) - 1]]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum([b - a for _, a, b in ranges])])
     parts = []
-    for (j0, o0), (j1, o1) in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         piece: list[Range] = []
-        for j in range(j0, min(j1 + 1, len(ranges))):
+        j = int(np.searchsorted(starts, lo, side="right")) - 1
+        while lo < hi:
             shard, a, b = ranges[j]
-            lo = a + (o0 if j == j0 else 0)
-            hi = a + o1 if j == j1 else b
-            if hi > lo:
-                piece.append((shard, lo, hi))
+            take = min(hi, int(starts[j + 1])) - lo
+            first = a + lo - int(starts[j])
+            piece.append((shard, first, first + take))
+            lo += take
+            j += 1
         parts.append(piece)
-    return parts
+    return parts, np.diff(cum[bounds]).astype(np.int64), np.diff(dcum[bounds]).astype(np.int64)
 
 
 def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: int, batch_size: int,
@@ -196,19 +181,10 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
     rank: every rank computes it from the same saved state)."""
     n = world_size * workers_per_rank
     assigned = assign_work(dataset, work, n)
-    planner = dataset.planner
     cfg = dataset.config
-    tokens = np.zeros(n, np.int64)
-    docs = np.zeros(n, np.int64)
-    for i, (ranges, windows) in enumerate(assigned):
-        t, d = _range_tokens(planner, i, ranges, dataset.eos_appended[i])
-        tokens += t
-        docs += d
-        for g, units in enumerate(windows):
-            tokens[g] += sum(int(u["tokens"]) for u in units)
-            docs[g] += sum(int(u["docs"]) for u in units)
-    tokens = [int(t) for t in tokens]
-    rows = [worker_rows(t, int(d), seq_len=cfg.seq_len, packing=cfg.packing) for t, d in zip(tokens, docs)]
+    tokens = sum(a[2] for a in assigned).tolist()
+    docs = sum(a[3] for a in assigned).tolist()
+    rows = [worker_rows(t, d, seq_len=cfg.seq_len, packing=cfg.packing) for t, d in zip(tokens, docs)]
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size)
     return PassPlan(
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,

@@ -140,11 +140,7 @@ class Planner:
             for shard, a, b in ranges
             if self._needs_index(s, shard, a, b)
         })
-        if not wanted:
-            return
-        with ThreadPoolExecutor(min(_FETCH_THREADS, len(wanted))) as pool:
-            for key, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(*k), wanted)):
-                self._prefix[key] = prefix
+        self._read_prefixes(wanted)
 
     def prefetch_counts(self, stream: int, ranges: Sequence[Range]) -> None:
         """Read, in parallel, the record indexes ``counts`` needs for ``ranges`` of a stream."""
@@ -165,11 +161,18 @@ class Planner:
 
     def prefetch_indexes(self, stream: int, shards) -> None:
         """Read, in parallel, the record indexes of ``shards`` of a stream not read yet."""
-        wanted = sorted({int(k) for k in shards if (stream, int(k)) not in self._prefix})
-        if wanted:
-            with ThreadPoolExecutor(max(1, min(_FETCH_THREADS, len(wanted)))) as pool:
-                for k, prefix in zip(wanted, pool.map(lambda k: self._read_prefix(stream, k), wanted)):
-                    self._prefix[(stream, k)] = prefix
+        self._read_prefixes(sorted({(stream, int(k)) for k in shards if (stream, int(k)) not in self._prefix}))
+
+    def _read_prefixes(self, wanted: list[tuple[int, int]]) -> None:
+        """Read the (stream, shard) indexes in ``wanted`` on up to ``_FETCH_THREADS`` threads,
+        each taking a run of them (one task per thread, not per index)."""
+        if not wanted:
+            return
+        threads = min(_FETCH_THREADS, len(wanted))
+        runs = [wanted[t::threads] for t in range(threads)]
+        with ThreadPoolExecutor(threads) as pool:
+            for run, prefixes in zip(runs, pool.map(lambda run: [self._read_prefix(*k) for k in run], runs)):
+                self._prefix.update(zip(run, prefixes))
 
     def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
         key = (stream, shard)
