@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .batch import RowBatch
+from .plan import PassClock
 from .errors import ConfigError, ResumeMismatchError, ShardCorruptError
 from .stages.base import check_state
 
@@ -88,7 +89,7 @@ def deal_rows(num_rows: int, *, world_size: int, workers_per_rank: int, batch_si
 
 
 @dataclass
-class EvalPlan:
+class EvalPlan(PassClock):
     """An evaluation pass: the row layout of each stream, and each global worker's rows.
 
     Plain data (``to_dict``). ``shard_tokens[s]`` are stream ``s``'s tokens per shard (EOS
@@ -120,12 +121,6 @@ class EvalPlan:
     @property
     def num_tokens(self) -> int:
         return sum(self.stream_tokens)
-
-    def batches_of(self, worker: int) -> int:
-        return -(-(self.steps - worker) // self.workers_per_rank) if self.steps > worker else 0
-
-    def step_of(self, worker: int, batch_idx: int) -> int:
-        return self.first_step + batch_idx * self.workers_per_rank + worker
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

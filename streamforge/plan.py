@@ -229,8 +229,25 @@ RangeCounts = Callable[[int, int, int, int], tuple[int, int]]
 """``counts(stream, shard, start, stop) -> (tokens, non-empty documents)`` of a record range."""
 
 
+class PassClock:
+    """The job clock of a pass (for a plan with ``steps``, ``workers_per_rank`` and
+    ``first_step``): which of every rank's batches a worker builds, and their global steps."""
+
+    steps: int
+    workers_per_rank: int
+    first_step: int
+
+    def batches_of(self, worker: int) -> int:
+        """Batches worker ``worker`` (of every rank) builds in this pass."""
+        return -(-(self.steps - worker) // self.workers_per_rank) if self.steps > worker else 0
+
+    def step_of(self, worker: int, batch_idx: int) -> int:
+        """The global step of worker ``worker``'s ``batch_idx``-th batch of this pass."""
+        return self.first_step + batch_idx * self.workers_per_rank + worker
+
+
 @dataclass
-class PassPlan:
+class PassPlan(PassClock):
     """One pass of the job: topology, each global worker's ranges, and the steps it has.
 
     Plain data (``to_dict``/``from_dict`` round-trip through JSON). ``ranges[s][g]`` are the
@@ -258,14 +275,6 @@ class PassPlan:
     @property
     def num_global_workers(self) -> int:
         return self.world_size * self.workers_per_rank
-
-    def batches_of(self, worker: int) -> int:
-        """Batches worker ``worker`` (of every rank) builds in this pass."""
-        return -(-(self.steps - worker) // self.workers_per_rank) if self.steps > worker else 0
-
-    def step_of(self, worker: int, batch_idx: int) -> int:
-        """The global step of worker ``worker``'s ``batch_idx``-th batch of this pass."""
-        return self.first_step + batch_idx * self.workers_per_rank + worker
 
     def rank_tokens(self, rank: int) -> int:
         w = self.workers_per_rank
