@@ -12,7 +12,7 @@ PIP_FLAGS := -qq --disable-pip-version-check --no-input
 PYTEST_ARGS ?= -n 2
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: test demo venv venv-test zstd-cli clean
+.PHONY: test demo venv venv-test venv-bench zstd-cli clean
 
 test: venv-test zstd-cli
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -37,6 +37,18 @@ venv: $(VENV)/.installed
 
 venv-test: $(VENV)/.installed-test
 
+# tools/bench_peers.py: streamforge next to LitData, MosaicML Streaming and WebDataset, in a
+# venv of its own: mosaicml-streaming pins google-cloud-storage below what gcsfs (a test
+# extra) needs, so the two extras cannot share one environment.
+BENCH_VENV ?= .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints.txt torch
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[bench]'
+	touch $@
+
+venv-bench: $(BENCH_VENV)/.installed
+
 # The interop tests pipe shards through the zstd CLI. Install it when we can; otherwise
 # those tests skip and say why.
 zstd-cli:
@@ -51,4 +63,4 @@ zstd-cli:
 	  fi; }
 
 clean:
-	rm -rf $(VENV) demo-out .hypothesis
+	rm -rf $(VENV) $(BENCH_VENV) demo-out .hypothesis

@@ -1,0 +1,43 @@
+"""tools/bench_peers.py keeps working: its streamforge path (corpus, writer, ceilings, a pass in
+a fresh process, resume from saved states with the exactness check) on a tiny corpus, without
+touching the docs. Peers that are installed are left out to keep this to seconds; peers that
+are not installed must show up in the report with the reason."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "bench_peers.py")
+# system: (package that must be there, its row's name in the report)
+PEERS = {"litdata-raw": ("litdata", "LitData, uncompressed chunks"),
+         "mosaic": ("mosaicml-streaming", "MosaicML Streaming (MDS)")}
+
+
+def installed(package: str) -> bool:
+    try:
+        importlib.metadata.version(package)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def test_streamforge_path_of_the_peers_benchmark(tmp_path):
+    absent = [system for system, (package, _) in PEERS.items() if not installed(package)]
+    cmd = [sys.executable, TOOL, "--tokens", "4e5", "--repeats", "1", "--systems", "streamforge", *absent,
+           "--backends", "local", "--workers", "0", "--resume-workers", "0", "--resume-check", "4",
+           "--no-growth", "--no-write", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "bench.md")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    text = out.stdout
+    assert "| streamforge | 0 | local disk |" in text
+    assert "| ceiling: packing a flat np.memmap | 0 | local disk |" in text
+    assert "| ceiling: raw zstd decoding of the shards | 0 | local disk |" in text
+    resume = [line for line in text.splitlines() if line.startswith("| streamforge |") and "batches checked" in line]
+    assert len(resume) == 1 and resume[0].count(", exact (") == 3, resume
+    for system in absent:  # a peer that is not there is reported with the reason, never dropped
+        package, name = PEERS[system]
+        assert f"| {name} | not written: `{package}` is not installed" in text
+    assert not (tmp_path / "bench.md").exists()
