@@ -1283,10 +1283,11 @@ def growth_notes(g: dict) -> list[str]:
             "window (8192 documents) reads one record from each of up to 8192 shards before the first batch: "
             "linear in the shards up to the window. It bends upward past about a thousand shards: the "
             "read-ahead (`storage/prefetch.py`) holds every prefetched frame that fits its byte budget, "
-            "thousands of tiny frames here, and each `take()` scans all held entries for ones already passed "
-            "(`_drop_passed`), so the window's fill costs records x held frames. Real shards hold thousands "
-            "of documents each, so a manifest of N shards costs far less than N records' worth of reads; the "
-            "scan is a known cost to remove for manifests of many small shards.")
+            "thousands of tiny frames here, and each `take()` used to scan all held entries for ones already "
+            "passed (`_drop_passed`), so the window's fill cost records x held frames; the scan now stops at the "
+            "first entry still ahead. What remains is one index and one frame read per shard the first window "
+            "touches. Real shards hold thousands of documents each, so a manifest of N shards costs far less "
+            "than N records' worth of reads.")
     if max(xs, default=0) < max(GROWTH_SHARDS):
         out.append(f"- The {max(GROWTH_SHARDS):,}-shard point was not run (`--growth-max-shards {max(xs, default=0)}`): "
                    "at the growth measured above it would take minutes for one first batch.")

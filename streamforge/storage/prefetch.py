@@ -138,7 +138,15 @@ class Prefetcher:
         entry.nbytes = 0
 
     def _drop_passed(self) -> None:
-        stale = [k for k, e in self._entries.items() if e.done and e.pos < self._reader_pos]
+        """Release fetched frames the reader has moved past. Entries are kept in plan order
+        (``_register``), so the scan stops at the first one still ahead: a call costs the
+        frames it drops (plus the few still in flight), not every frame held."""
+        stale = []
+        for k, e in self._entries.items():
+            if e.pos >= self._reader_pos:
+                break
+            if e.done:
+                stale.append(k)
         for k in stale:
             self._release(self._entries.pop(k))
         if stale:
@@ -200,7 +208,7 @@ class Prefetcher:
             nbytes = share if i < count - 1 else unit.nbytes - share * (count - 1)
             entry = _Entry((unit.range_idx, frame), nbytes)
             key = (unit.shard, frame)
-            old = self._entries.get(key)
+            old = self._entries.pop(key, None)  # re-inserted at the end: entries stay in plan order
             if old is not None:
                 self._release(old)
             self._entries[key] = entry
