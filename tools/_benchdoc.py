@@ -37,3 +37,13 @@ def update_section(name: str, markdown_text: str, path: str = DOC) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text if text.endswith("\n") else text + "\n")
     os.replace(tmp, path)
+
+
+def publish(name: str, text: str, out: str, plot=None, image: str | None = None) -> None:
+    """Write a benchmark's section into ``out`` and, with ``plot(path)`` and ``image``, its
+    chart under ``img/`` beside it; say what was written."""
+    out = os.path.abspath(out)
+    if plot is not None and image is not None:
+        plot(os.path.join(os.path.dirname(out), "img", image))
+    update_section(name, text, path=out)
+    print(f"wrote the '{name}' section of {out}" + (f" and img/{image}" if image else ""))

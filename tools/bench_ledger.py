@@ -180,10 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     text = section(rate, cost, checked, meta, args, command)
     print(text)
     if not args.no_write:
-        from _benchdoc import update_section
+        from _benchdoc import publish
 
-        update_section("ledger", text, path=os.path.abspath(args.out))
-        print(f"wrote the 'ledger' section of {args.out}")
+        publish("ledger", text, args.out)
     return 0
 
 

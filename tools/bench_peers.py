@@ -1358,24 +1358,19 @@ def main(argv=None) -> int:
         text = peers_section(results, metas, args, command.strip(), package_versions())
         print(text)
         if not args.no_write:
-            from _benchdoc import update_section
+            from _benchdoc import publish
 
-            out = os.path.abspath(args.out)
-            plot_peers(results[max(results)], os.path.join(os.path.dirname(out), "img", "peers_throughput.png"),
-                       f"One pass of {BATCH}x{BLOCK} blocks, {max(results) / M:g}M tokens")
-            update_section("peers", text, path=out)
-            print(f"wrote the 'peers' section of {args.out} and img/peers_throughput.png")
+            title = f"One pass of {BATCH}x{BLOCK} blocks, {max(results) / M:g}M tokens"
+            publish("peers", text, args.out, lambda path: plot_peers(results[max(results)], path, title),
+                    "peers_throughput.png")
     if not args.no_growth:
         g = measure_growth(args)
         text = growth_section(g, args, command.strip())
         print(text)
         if not args.no_write:
-            from _benchdoc import update_section
+            from _benchdoc import publish
 
-            out = os.path.abspath(args.out)
-            plot_growth(g, os.path.join(os.path.dirname(out), "img", "growth.png"))
-            update_section("growth", text, path=out)
-            print(f"wrote the 'growth' section of {args.out} and img/growth.png")
+            publish("growth", text, args.out, lambda path: plot_growth(g, path), "growth.png")
     return 0
 
 

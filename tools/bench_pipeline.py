@@ -496,12 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile_pass(meta["url"], args.profile)
     if not args.no_write:
-        out = os.path.abspath(args.out)
-        plot(summary, os.path.join(os.path.dirname(out), "img", "pipeline_throughput.png"))
-        from _benchdoc import update_section
+        from _benchdoc import publish
 
-        update_section("pipeline", text, path=out)
-        print(f"wrote the 'pipeline' section of {args.out} and img/pipeline_throughput.png")
+        publish("pipeline", text, args.out, lambda path: plot(summary, path), "pipeline_throughput.png")
     return 0
 
 

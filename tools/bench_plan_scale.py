@@ -498,12 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     text = section(res, command)
     print(text)
     if not args.no_write:
-        from _benchdoc import update_section
+        from _benchdoc import publish
 
-        out = os.path.abspath(args.out)
-        plot(res, os.path.join(os.path.dirname(out), "img", "plan_scale.png"))
-        update_section("plan-scale", text, path=out)
-        print(f"wrote {out}")
+        publish("plan-scale", text, args.out, lambda path: plot(res, path), "plan_scale.png")
     return 0
 
 

@@ -134,10 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     text = section(measure(meta["url"], args.repeats), meta, command.strip())
     print(text)
     if not args.no_write:
-        from _benchdoc import update_section
+        from _benchdoc import publish
 
-        update_section("resume-elastic", text, path=os.path.abspath(args.out))
-        print(f"wrote the 'resume-elastic' section of {args.out}")
+        publish("resume-elastic", text, args.out)
     return 0
 
 
