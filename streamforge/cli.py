@@ -263,7 +263,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import format_plan
+    from .planner import format_plan
 
     print(
         format_plan(

@@ -37,7 +37,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .format.manifest import Manifest
 from .rng import derive_key, permutation
 
 Range = tuple[int, int, int]  # (shard, start_record, stop_record), stop exclusive
@@ -143,68 +142,6 @@ def _ranges_between(order, rec, rec_start, lo: int, hi: int) -> list[Range]:
             out.append((int(order[j]), start, stop))
         j += 1
     return out
-
-
-def plan_for_manifest(
-    manifest: Manifest, *, seed: int, stream_key: str, pass_idx: int, num_global_workers: int
-) -> list[list[Range]]:
-    return plan_stream(
-        manifest.columns["num_records"],
-        manifest.columns["num_tokens"],
-        seed=seed,
-        stream_key=stream_key,
-        pass_idx=pass_idx,
-        num_global_workers=num_global_workers,
-    )
-
-
-def range_tokens(manifest: Manifest, ranges: list[Range]) -> float:
-    """Estimated tokens in ``ranges`` (each shard's tokens spread evenly over its records)."""
-    recs = manifest.columns["num_records"]
-    toks = manifest.columns["num_tokens"]
-    return float(sum(toks[s] * (b - a) / max(recs[s], 1) for s, a, b in ranges))
-
-
-def format_plan(
-    urls: Sequence[str],
-    *,
-    world_size: int,
-    workers: int,
-    seed: int = 0,
-    pass_idx: int = 0,
-    storage_options: dict[str, Any] | None = None,
-    names: Sequence[str] | None = None,
-) -> str:
-    """A human-readable plan: per (rank, worker), per stream, ranges, records and tokens."""
-    manifests = [Manifest.load(u, storage_options) for u in urls]
-    keys = list(names) if names else [f"stream{i}" for i in range(len(urls))]
-    n = world_size * workers
-    plans = [
-        plan_for_manifest(m, seed=seed, stream_key=k, pass_idx=pass_idx, num_global_workers=n)
-        for m, k in zip(manifests, keys)
-    ]
-    lines = [f"plan: seed={seed} pass={pass_idx} world_size={world_size} workers={workers} "
-             f"({n} global workers)"]
-    totals = []
-    for g in range(n):
-        rank, worker = divmod(g, workers)
-        per_stream = []
-        total = 0.0
-        for m, key, plan in zip(manifests, keys, plans):
-            ranges = plan[g]
-            toks = range_tokens(m, ranges)
-            total += toks
-            recs = sum(b - a for _, a, b in ranges)
-            shown = " ".join(f"{s}[{a}:{b}]" for s, a, b in ranges[:6])
-            more = f" +{len(ranges) - 6} more" if len(ranges) > 6 else ""
-            per_stream.append(f"    {key}: {len(ranges)} ranges, {recs} records, ~{toks:,.0f} tokens: {shown}{more}")
-        totals.append(total)
-        lines.append(f"rank {rank} worker {worker} (global {g}): ~{total:,.0f} tokens")
-        lines.extend(per_stream)
-    mean = sum(totals) / len(totals) if totals else 0.0
-    if mean:
-        lines.append(f"balance: max/mean tokens = {max(totals) / mean:.4f}, min/mean = {min(totals) / mean:.4f}")
-    return "\n".join(lines)
 
 
 def records_at(ranges: list[Range], fraction: float) -> int:

@@ -193,3 +193,48 @@ class Planner:
         tokens = np.concatenate([[0], np.cumsum(lengths)])
         docs = np.concatenate([[0], np.cumsum(lengths > 0)])
         return tokens, docs
+
+
+def format_plan(
+    urls: Sequence[str],
+    *,
+    world_size: int,
+    workers: int,
+    seed: int = 0,
+    pass_idx: int = 0,
+    storage_options: dict[str, Any] | None = None,
+    names: Sequence[str] | None = None,
+) -> str:
+    """A human-readable plan, as the job would cut it: per (rank, worker), per stream, its
+    ranges, records and exact tokens (record indexes of cut shards read in parallel)."""
+    from .source import ShardSource
+
+    sources = [ShardSource.open(u, storage_options) for u in urls]
+    keys = list(names) if names else [f"stream{i}" for i in range(len(urls))]
+    planner = Planner(keys, [s.manifest for s in sources], seed=seed, sources=sources.__getitem__)
+    n = world_size * workers
+    plans = [planner.ranges(i, pass_idx, n) for i in range(len(keys))]
+    for i, plan in enumerate(plans):
+        planner.prefetch_counts(i, [r for ranges in plan for r in ranges])
+    lines = [f"plan: seed={seed} pass={pass_idx} world_size={world_size} workers={workers} "
+             f"({n} global workers)"]
+    totals = []
+    for g in range(n):
+        rank, worker = divmod(g, workers)
+        per_stream = []
+        total = 0
+        for i, (key, plan) in enumerate(zip(keys, plans)):
+            ranges = plan[g]
+            toks = sum(planner.counts(i, s, a, b)[0] for s, a, b in ranges)
+            total += toks
+            recs = sum(b - a for _, a, b in ranges)
+            shown = " ".join(f"{s}[{a}:{b}]" for s, a, b in ranges[:6])
+            more = f" +{len(ranges) - 6} more" if len(ranges) > 6 else ""
+            per_stream.append(f"    {key}: {len(ranges)} ranges, {recs} records, {toks:,} tokens: {shown}{more}")
+        totals.append(total)
+        lines.append(f"rank {rank} worker {worker} (global {g}): {total:,} tokens")
+        lines.extend(per_stream)
+    mean = sum(totals) / len(totals) if totals else 0.0
+    if mean:
+        lines.append(f"balance: max/mean tokens = {max(totals) / mean:.4f}, min/mean = {min(totals) / mean:.4f}")
+    return "\n".join(lines)

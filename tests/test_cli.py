@@ -64,3 +64,21 @@ def test_convert_into_s3_via_cli(tmp_path, rng, s3_bucket):
     assert main(["convert", "--from", "flat", "--input", str(tmp_path / "t.bin"), "--output", url,
                  "--eos-id", "0", *extra]) == 0
     assert main(["verify", url, *extra]) == 0
+
+
+def test_plan_prints_the_cuts_the_job_reads(tmp_path, rng, capsys):
+    """`streamforge plan` shows each worker's ranges as the dataset's planner cuts them (exact
+    cuts), and its token counts add up to the stream's."""
+    from pipeline_helpers import random_docs, write_stream
+    from streamforge import PackedTokenDataset
+
+    url = str(tmp_path / "web")
+    write_stream(url, random_docs(rng, 300, 60))
+    assert main(["plan", url, "--world-size", "2", "--workers", "3"]) == 0
+    out = capsys.readouterr().out
+    ds = PackedTokenDataset(url, seq_len=64, rank=0, world_size=2)
+    for g, ranges in enumerate(ds.planner.ranges(0, 0, 6)):
+        shown = " ".join(f"{s}[{a}:{b}]" for s, a, b in ranges[:6])
+        assert shown in out, (g, shown)
+    totals = [int(line.split(": ")[1].split()[0].replace(",", "")) for line in out.splitlines() if "(global" in line]
+    assert sum(totals) == Manifest.load(url).num_tokens
