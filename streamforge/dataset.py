@@ -198,7 +198,7 @@ class PackedTokenDataset(IterableDataset):
     def open_source(self, stream: int) -> ShardSource:
         """A new reader of stream ``stream``'s shards (ranged reads, prefetch, cache)."""
         s = self.streams[stream]
-        fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry)
+        fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge)
         return ShardSource(self.manifests[stream], fetcher, config=self.storage)
 
     @property

@@ -47,6 +47,17 @@ class ReadAhead:
             self.prefetcher = Prefetcher(self._fetch_unit, config.prefetch_bytes, config.prefetch_threads)
         self.prefetcher.plan(self._units(list(self._plan)))
 
+    def extend(self, ranges: Iterable[tuple[int, int, int]]) -> None:
+        """Append ``ranges`` (read after every planned one) without dropping what is
+        fetched: an infinite stream's next pass is planned before this one ends."""
+        first = len(self._plan)
+        added = [(int(s), int(a), int(b)) for s, a, b in ranges]
+        self._plan.extend(added)
+        for i, (s, _, _) in enumerate(added, first):
+            self._plan_by_shard.setdefault(s, []).append(i)
+        if self.prefetcher is not None:
+            self.prefetcher.extend(self._units(added, first))
+
     def close(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
@@ -68,11 +79,11 @@ class ReadAhead:
             out.append(pf.take((shard, f), (j, f)))
         return out
 
-    def _units(self, plan: list[tuple[int, int, int]]) -> Iterator[FetchUnit]:
+    def _units(self, plan: list[tuple[int, int, int]], first_idx: int = 0) -> Iterator[FetchUnit]:
         config = self.source.config
         cap = max(1, min(config.request_bytes, config.prefetch_bytes // 2))
         last = None
-        for i, (shard, start, stop) in enumerate(plan):
+        for i, (shard, start, stop) in enumerate(plan, first_idx):
             if stop <= start:
                 continue
             try:

@@ -140,6 +140,12 @@ class ShardSource:
         """
         self._readahead.plan(ranges)
 
+    def extend_reads(self, ranges: Iterable[tuple[int, int, int]]) -> int:
+        """Announce more ranges, read after every planned one, keeping what is prefetched.
+        Returns how many ranges the plan now holds."""
+        self._readahead.extend(ranges)
+        return len(self._readahead._plan)
+
     # -- fetching frames ----------------------------------------------------------------------
     def _fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache=True):
         """Compressed bytes of frames ``first..stop-1``: from the cache, else one request per run
@@ -340,13 +346,15 @@ class ShardSource:
 
     # -- counters -------------------------------------------------------------------------------
     def stats(self) -> dict[str, int | float]:
-        """Plain numbers: requests, bytes, read amplification, retries, skips, cache, prefetch."""
+        """Plain numbers: requests, bytes, read amplification, retries, hedges, skips, cache, prefetch."""
         c = self.counters
         prefetcher = self._readahead.prefetcher
         out: dict[str, int | float] = {
             "requests": self.fetcher.stats.requests,
             "bytes_fetched": self.fetcher.stats.bytes_fetched,
             "retries": self.fetcher.retries,
+            "hedged": self.fetcher.hedged,
+            "hedge_won": self.fetcher.hedge_won,
             **c,
             "skipped_ranges": len(self.skipped),
             "cache_hits": self.cache.hits if self.cache else 0,

@@ -43,21 +43,21 @@ class ShardReader:
             self.ranges = self.ranges_for(pass_idx)
         self.pass_idx, self.range_idx, self.offset = pass_idx, range_idx, offset
         self._announced = False
+        self._announced_through = -1  # the last pass the source's plan holds
 
     def _announce(self) -> None:
         """Tell the source which records come next, so it can prefetch them (done before the
-        first read after the cursor moved, never on a mere restore)."""
+        first read after the cursor moved, never on a mere restore). An infinite reader also
+        announces the next pass, so read-ahead runs on across the pass boundary."""
         self._announced = True
         plan_reads = getattr(self.source, "plan_reads", None)
         if plan_reads is None:
             return
-        upcoming = []
-        for i in range(self.range_idx, len(self.ranges)):
-            shard, start, stop = self.ranges[i]
-            if i == self.range_idx:
-                start += self.offset
-            if stop > start:
-                upcoming.append((shard, start, stop))
+        upcoming = self.unread()
+        self._announced_through = self.pass_idx
+        if self.infinite and hasattr(self.source, "extend_reads"):
+            upcoming += self.ranges_for(self.pass_idx + 1)
+            self._announced_through = self.pass_idx + 1
         plan_reads(upcoming)
 
     # -- reading ---------------------------------------------------------------------------
@@ -69,7 +69,13 @@ class ShardReader:
         """Move to the next pass if infinite; False when a finite reader is exhausted."""
         if not self.infinite:
             return False
+        ahead = self._announced and self._announced_through > self.pass_idx
         self._set_cursor(self.pass_idx + 1, 0, 0)
+        if ahead:  # this pass is planned already: plan the one after it, keep the prefetched
+            held = self.source.extend_reads(self.ranges_for(self.pass_idx + 1))
+            self._announced, self._announced_through = True, self.pass_idx + 1
+            if held > 4 * max(1, len(self.ranges)) + 64:
+                self._announced = False  # the plan grew long: start a fresh one at the next read
         return True
 
     def read(self, max_records: int) -> DocBatch:

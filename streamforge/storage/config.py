@@ -48,6 +48,32 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class HedgePolicy:
+    """When a read gets a twin: after ``max(minimum, factor * p90)`` of its size class's last
+    ``window`` reads (``initial`` until ``warmup`` of them are known). ``enabled=False`` sends
+    every read once."""
+
+    enabled: bool = True
+    factor: float = 3.0
+    minimum: float = 0.05
+    initial: float = 0.5
+    window: int = 64
+    warmup: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "minimum", "initial"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"HedgePolicy.{name} must be a number > 0, got {value!r}")
+        for name in ("window", "warmup"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"HedgePolicy.{name} must be an int >= 1, got {value!r}")
+        if self.warmup > self.window:
+            raise ConfigError(f"HedgePolicy.warmup ({self.warmup}) must be <= window ({self.window})")
+
+
+@dataclass(frozen=True)
 class StorageConfig:
     """Storage options shared by every stream of a dataset.
 
@@ -63,6 +89,8 @@ class StorageConfig:
     - ``request_bytes``: the most bytes one background request asks for (frames are grouped
       up to this size, so a 64 MiB shard takes a handful of requests).
     - ``prefetch_threads``: background fetch threads per reader.
+    - ``hedge``: when a slow read from an object store gets a second, identical request
+      (``HedgePolicy``, storage/hedge.py); local files are never hedged.
     """
 
     prefetch_bytes: int = 64 << 20
@@ -73,6 +101,7 @@ class StorageConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     request_bytes: int = 8 << 20
     prefetch_threads: int = 4
+    hedge: HedgePolicy = field(default_factory=HedgePolicy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefetch_bytes, int) or self.prefetch_bytes < 0:
@@ -89,6 +118,8 @@ class StorageConfig:
             raise ConfigError(f"on_error must be one of {ON_ERROR_MODES}, got {self.on_error!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+        if not isinstance(self.hedge, HedgePolicy):
+            raise ConfigError(f"hedge must be a HedgePolicy, got {type(self.hedge).__name__}")
         if not isinstance(self.request_bytes, int) or self.request_bytes <= 0:
             raise ConfigError(f"request_bytes must be a positive int, got {self.request_bytes!r}")
         if not isinstance(self.prefetch_threads, int) or self.prefetch_threads < 1:

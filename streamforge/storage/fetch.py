@@ -4,7 +4,8 @@
 ``(name, start, stop)`` byte range of a file under the stream's URL, fetched with one ranged
 request and retried under the ``RetryPolicy``. A retry asks again for the same range, which
 always starts at a frame boundary at or after the reader's current frame, never at the shard
-start. A short body is a transient fault (retried) unless the object itself is shorter than
+start. Reads from an object store are hedged (``hedge.Hedger``): one still running well past
+its peers' latency gets a twin request, and the first answer wins. A short body is a transient fault (retried) unless the object itself is shorter than
 the manifest says: then the shard is truncated and ``ShardCorruptError`` names it.
 """
 
@@ -15,8 +16,9 @@ import threading
 from typing import Any, Callable
 
 from ..errors import ShardCorruptError
-from .config import RetryPolicy
-from .open import join, open_url
+from .config import HedgePolicy, RetryPolicy
+from .hedge import Hedger
+from .open import join, open_url, protocol_of
 from .retry import Retrier, ShortRead
 
 
@@ -50,11 +52,14 @@ class ByteFetcher:
         url: str,
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        hedge: HedgePolicy | None = None,
     ) -> None:
         self.url = str(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.policy = retry or RetryPolicy()
         self.retrier = Retrier(self.policy)
+        remote = protocol_of(self.url) not in ("file", "local", "memory")
+        self.hedger = Hedger(hedge or HedgePolicy()) if remote else None
         self.stats = FetchStats()
         self._fs = None
         self._path = None
@@ -74,6 +79,16 @@ class ByteFetcher:
     @property
     def retries(self) -> int:
         return self.retrier.retries
+
+    @property
+    def hedged(self) -> int:
+        """Reads that got a twin request (0 for local files)."""
+        return 0 if self.hedger is None else self.hedger.hedged
+
+    @property
+    def hedge_won(self) -> int:
+        """Hedged reads answered by the twin first."""
+        return 0 if self.hedger is None else self.hedger.twin_won
 
     def _open(self):
         with self._lock:
@@ -113,7 +128,9 @@ class ByteFetcher:
                 raise ShortRead(f"{where}: asked for bytes {start}..{stop}, got {len(data)}")
             return data
 
-        return self.retrier(request, where)
+        if self.hedger is None:
+            return self.retrier(request, where)
+        return self.hedger.run(lambda: self.retrier(request, where), stop - start)
 
     def _check_size(self, fs, target: str, where: str, file_size: int) -> None:
         size = self.retrier(lambda: fs.size(target), where)

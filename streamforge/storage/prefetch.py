@@ -17,6 +17,7 @@ Memory held per reader: at most ``budget`` plus one unit's bytes.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from dataclasses import dataclass
@@ -84,6 +85,21 @@ class Prefetcher:
             self._reader_pos = (-1, 0)
             self._progress = (-1, 0)
             self._plan = iter(units)
+            self._cond.notify_all()
+        self._start()
+
+    def extend(self, units: Iterable[FetchUnit]) -> None:
+        """Append ``units`` to the plan, keeping what is fetched or in flight (``units`` come
+        after every planned one in the reader's order)."""
+        units = iter(units)
+        with self._cond:
+            if self._closed:
+                return
+            if self._plan is None:  # the plan ran out: the new units start a fresh tail
+                self._plan = units
+                self._progress = min(self._progress, self._reader_pos)
+            else:
+                self._plan = itertools.chain(self._plan, units)
             self._cond.notify_all()
         self._start()
 
@@ -179,6 +195,8 @@ class Prefetcher:
                 if generation != self._generation:
                     continue
                 if unit is None:
+                    if self._plan is not plan:  # extended meanwhile: go on with the tail
+                        continue
                     self._plan = None
                     self._progress = _END
                     self._cond.notify_all()
