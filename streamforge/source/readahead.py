@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import zstandard
@@ -20,6 +21,16 @@ from ..storage.prefetch import FetchUnit, Prefetcher, group_frames
 
 if TYPE_CHECKING:
     from .shard_source import ShardSource
+
+
+INDEXES_AHEAD = 64
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - the read that needs it raises it, with its context
+        pass
 
 
 class ReadAhead:
@@ -32,6 +43,7 @@ class ReadAhead:
         self._plan_by_shard: dict[int, list[int]] = {}
         self._plan_cursor = 0
         self._thread_local = threading.local()
+        self._index_pool: ThreadPoolExecutor | None = None
 
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
@@ -43,6 +55,7 @@ class ReadAhead:
         config = self.source.config
         if config.prefetch_bytes <= 0:
             return
+        self._indexes_ahead(self._plan)
         if self.prefetcher is None:
             self.prefetcher = Prefetcher(self._fetch_unit, config.prefetch_bytes, config.prefetch_threads)
         self.prefetcher.plan(self._units(list(self._plan)))
@@ -56,12 +69,30 @@ class ReadAhead:
         for i, (s, _, _) in enumerate(added, first):
             self._plan_by_shard.setdefault(s, []).append(i)
         if self.prefetcher is not None:
+            self._indexes_ahead(added)
             self.prefetcher.extend(self._units(added, first))
 
     def close(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
             self.prefetcher = None
+        if self._index_pool is not None:
+            self._index_pool.shutdown(wait=False, cancel_futures=True)
+            self._index_pool = None
+
+    def _indexes_ahead(self, ranges: list[tuple[int, int, int]]) -> None:
+        """Read the record indexes of the first ``INDEXES_AHEAD`` shards of ``ranges`` in the
+        background, outside the byte budget (an index is small): a shuffle window lays out
+        its documents from their lengths before it reads a token, and would otherwise wait
+        on each new shard's index in turn. A failure is left for the reader to raise."""
+        source = self.source
+        shards = [s for s in dict.fromkeys(s for s, a, b in ranges if b > a) if s not in source._indexes]
+        if not shards:
+            return
+        if self._index_pool is None:
+            self._index_pool = ThreadPoolExecutor(2, thread_name_prefix="sf-index")
+        for shard in shards[:INDEXES_AHEAD]:
+            self._index_pool.submit(_quietly, source.index, shard)
 
     def take(self, shard: int, start: int, frames: list[int], index: ShardIndex) -> list:
         """The prefetched ``(buffer, from_cache, raw)`` of each of ``frames`` (in order) of a read

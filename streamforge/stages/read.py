@@ -78,10 +78,15 @@ class ShardReader:
                 self._announced = False  # the plan grew long: start a fresh one at the next read
         return True
 
-    def read(self, max_records: int) -> DocBatch:
-        """Up to ``max_records`` documents of the current pass (fewer at its end)."""
+    def announce(self) -> None:
+        """Hand the source the plan from the cursor on, unless it has it already: before a
+        caller looks at the coming records' indexes, so they are fetched in parallel."""
         if not self._announced:
             self._announce()
+
+    def read(self, max_records: int) -> DocBatch:
+        """Up to ``max_records`` documents of the current pass (fewer at its end)."""
+        self.announce()
         parts = []
         want = max_records
         while want > 0 and self.range_idx < len(self.ranges):

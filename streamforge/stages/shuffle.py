@@ -141,6 +141,8 @@ class ShuffleBuffer:
         reading = unit is None
         ranges = self.reader.peek_ranges(self.size) if reading else [tuple(r) for r in unit["ranges"]]
         source = self.reader.source
+        if reading and skip == 0:
+            self.reader.announce()  # indexes and frames start coming while the window is laid out
         shard, record, lengths = _window_records(source, ranges)
         order = _nonempty_order(lengths, self._key() if reading else int(unit["key"]))
         if len(order) == 0:

@@ -206,8 +206,7 @@ class Prefetcher:
                 while (
                     not self._closed
                     and generation == self._generation
-                    and self._held > 0
-                    and self._held + unit.nbytes > self.budget
+                    and (self._held > 0 and self._held + unit.nbytes > self.budget or self._collides(unit))
                 ):
                     self._cond.wait()
                 if self._closed or generation != self._generation:
@@ -217,6 +216,12 @@ class Prefetcher:
                 self._cond.notify_all()
             if keys:
                 self._queue.put((generation, unit, keys, entries))
+
+    def _collides(self, unit: FetchUnit) -> bool:
+        """A frame of ``unit`` is held for an earlier position (an infinite stream's next pass
+        reads the same frames again): the unit waits until the reader took or passed it."""
+        entries = self._entries
+        return any((unit.shard, f) in entries for f in range(unit.first, unit.stop))
 
     def _register(self, unit: FetchUnit) -> tuple[list[Key], list[_Entry]]:
         count = unit.stop - unit.first
