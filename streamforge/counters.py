@@ -43,18 +43,24 @@ class Counters:
     def phase_tokens(self) -> list[list[int]]:
         return [[int(x) for x in row] for row in self._phase_tokens]
 
-    def add(self, rows: RowBatch, step: int, num_tokens: int) -> None:
+    def tally(self, rows: RowBatch) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(tokens, tokens per stream, documents per stream)`` of a batch: the counting,
+        done where the batch is prepared (off the training thread when the loader prefetches),
+        so that ``add`` is a few additions."""
         n = len(self.names)
+        num_tokens = int(rows.length.sum())
         starts = rows.token_start == 0
         if n == 1:  # one stream: no bincount
-            tokens = num_tokens
-            self._documents[0] += np.count_nonzero(starts)
-        else:
-            tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)
-            self._documents += np.bincount(rows.stream[starts], minlength=n)
+            return num_tokens, np.array([float(num_tokens)]), np.array([float(np.count_nonzero(starts))])
+        tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)
+        return num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).astype(np.float64)
+
+    def add(self, tally: tuple[int, np.ndarray, np.ndarray], step: int) -> None:
+        """Count a batch handed out at global ``step`` from its ``tally``."""
+        _, tokens, documents = tally
         self._tokens += tokens
-        starts_at = self.schedule.starts
-        phase = 0 if len(starts_at) == 1 else self.schedule.phase_at(step)
+        self._documents += documents
+        phase = 0 if len(self.schedule.starts) == 1 else self.schedule.phase_at(step)
         self._phase_tokens[phase] += tokens
 
     def skip(self, num_tokens: int) -> None:

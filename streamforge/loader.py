@@ -1,8 +1,8 @@
 """StreamingLoader: a rank's batches on the job clock, with resumable state.
 
 Each of the W logical workers of a rank runs one ``WorkerPipeline`` and builds whole batches
-(``RowBatch``, ~2 bytes per token) that cross the process boundary in one buffer; this
-process expands them into the batch contract, pins them and moves them to the device.
+(``RowBatch``, ~2 bytes per token), in a DataLoader process (``workers.py``); this process
+expands them into the batch contract, pins them and moves them to the device.
 
 The clock. The rank's local batch ``i`` of a pass comes from logical worker ``i % W`` and has
 global step ``pass_first_step + i`` (``plan.PassPlan``): the same number on every rank. A
@@ -10,21 +10,17 @@ finite pass has ``steps_per_pass`` steps on every rank, computed from the corpus
 before the first batch; each worker builds exactly its share of them, all full. Steps in
 ``skip_steps`` are built (their data consumed) and dropped here.
 
-Order and state. A worker whose share is done answers with an end marker instead of
-stopping, so torch's round-robin never reshuffles. The loader keeps, per logical worker, the
-pipeline state sent along with the last batch *handed to the caller* (batches still
-prefetched in workers do not count). On resume, DataLoader worker ``k`` plays logical worker
+Order and state. The loader keeps, per logical worker, the pipeline state sent along with
+the last batch *handed to the caller* (batches still prefetched in workers do not count). On resume, DataLoader worker ``k`` plays logical worker
 ``(k + i) % W`` so the first batch comes from the right one. The state itself, and the exact,
 elastic and statistical ways of resuming from it, are in ``checkpoint.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import ledger
 from .batch import RowBatch, expand
@@ -36,33 +32,7 @@ from .errors import ConfigError
 from .plan import PassPlan
 from .schedule import SkipRanges
 from .state import ResumeReport, fingerprint
-
-
-def _identity(item):
-    return item
-
-
-class _WorkerBatches(IterableDataset):
-    """What runs inside each DataLoader worker process."""
-
-    def __init__(self, job: "_Job") -> None:
-        self.job = job
-
-    def __iter__(self):
-        job = self.job
-        logical = (get_worker_info().id + job.rotation) % job.num_logical
-        pipeline = job.pipeline(logical)
-        try:
-            while True:
-                step = pipeline.step
-                rows = pipeline.next_batch(job.batch_size)
-                if rows is None:
-                    break
-                yield ("batch", logical, step, rows, pipeline.state_dict(), pipeline.stats(), pipeline.skipped())
-        finally:
-            pipeline.close()
-        while True:  # keep torch's round-robin fixed: answer, never stop
-            yield ("end", logical, None, None, None, None, None)
+from .workers import _Job, per_message, process_batches
 
 
 class StreamingLoader(Checkpointing):
@@ -215,34 +185,45 @@ class StreamingLoader(Checkpointing):
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
         skips = self.skip_steps if self.skip_steps else None
         feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
-        for logical, step, rows, state, stats, skipped in feed.items(items):
+        counters = self._counters
+        for logical, step, rows, state, stats, skipped, tally in feed.items(self._tallied(items)):
             if step != self._first_step + self._batch:
                 raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
             self._worker_states[logical] = state
-            if stats is not None:  # workers send their counters with every batch
+            if stats is not None:  # workers send their counters with every message
                 self._stats[logical] = stats
                 self._skipped[logical] = skipped
             self._batch += 1
-            num_tokens = int(rows.length.sum())
-            self._pass_tokens += num_tokens
+            self._pass_tokens += tally[0]
             if self._ledger is not None:
                 self._ledger.add(step, self._pass, rows, skipped=skips is not None and step in skips)
             if skips is not None and step in skips:
-                self._counters.skip(num_tokens)
+                counters.skip(tally[0])
                 continue
-            self._counters.add(rows, step, num_tokens)
+            counters.add(tally, step)
             yield feed.hand_out()  # the state above is this batch's: committed as it is handed out
         if not self.infinite and not self.evaluation:
             self._end_pass()
         if self._ledger is not None:
             self._ledger.flush()
 
+    def _tallied(self, items):
+        """The raw items with each batch's counts appended; computed where the items are
+        produced (the feed's thread when prefetching), so the training thread only adds."""
+        tally = self._counters.tally
+        try:
+            for item in items:
+                yield (*item, tally(item[2]))
+        finally:
+            items.close()
+
     def _job(self, states):
         plan = None if self.infinite else self.plan()
+        cfg = self.dataset.config
         return _Job(
             self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
             None if plan is None else self._quotas(), states, self._batch % self.num_logical, self.batch_size,
-            self._work_plan(),
+            self._work_plan(), per_message(self.batch_size, cfg.seq_len, self.dataset.token_dtype.itemsize),
         )
 
     def _steps_left(self) -> int | None:
@@ -280,21 +261,8 @@ class StreamingLoader(Checkpointing):
         left = self._steps_left()
         if left == 0:
             return
-        loader = DataLoader(
-            _WorkerBatches(self._job(self._worker_states)), batch_size=None, num_workers=self.num_workers, collate_fn=_identity,
-            prefetch_factor=self.prefetch_factor, multiprocessing_context=self.multiprocessing_context,
-        )
-        iterator = iter(loader)
-        try:
-            while left is None or left > 0:
-                kind, logical, step, rows, state, stats, skipped = next(iterator)
-                if kind == "end":
-                    raise RuntimeError(f"worker {logical} ended before its share of pass {self._pass}")
-                left = None if left is None else left - 1
-                yield logical, step, rows, state, stats, skipped
-        finally:
-            iterator._shutdown_workers()
-            del iterator
+        job = self._job(self._worker_states)
+        yield from process_batches(job, self.num_workers, left, self.prefetch_factor, self.multiprocessing_context)
 
     def _finish(self, rows: RowBatch) -> dict[str, torch.Tensor]:
         cfg = self.dataset.config
@@ -304,36 +272,6 @@ class StreamingLoader(Checkpointing):
         if self.device.type != "cpu":
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return batch
-
-
-@dataclass
-class _Job:
-    """What a worker needs to build its share of the pass (pickled to worker processes)."""
-
-    dataset: PackedTokenDataset
-    num_logical: int
-    pass_idx: int
-    first_step: int
-    quotas: list[int] | None
-    states: list[dict | None]
-    rotation: int
-    batch_size: int
-    plan: Any = None  # an evaluation pass's plan (its rows are dealt in it)
-
-    def pipeline(self, logical: int):
-        """Logical worker ``logical``'s pipeline, restored from its saved state if any."""
-        pipeline = self.dataset.make_pipeline(
-            logical, self.num_logical, first_pass=self.pass_idx,
-            quota=None if self.quotas is None else self.quotas[logical], first_step=self.first_step,
-            plan=self.plan,
-        )
-        if self.states[logical] is not None:
-            try:
-                pipeline.load_state_dict(self.states[logical])
-            except BaseException:
-                pipeline.close()
-                raise
-        return pipeline
 
 
 def _accumulate(total: dict[str, Any], part: dict[str, Any]) -> None:

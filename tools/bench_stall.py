@@ -21,6 +21,7 @@ truncated bodies), also in that child process so the trainer's process only runs
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import socket
@@ -108,7 +109,28 @@ def make_loader(urls: dict[str, str], opts: dict | None, num_workers: int, depth
                            device_prefetch=depth)
 
 
-def measure(loader: StreamingLoader, args) -> tuple[float, list[dict]]:
+class ReadyBatches:
+    """The floor: batches made beforehand, handed out by a plain iterator. Its waits are
+    what this machine charges for any ``next()`` right after the trainer slept (a core woken
+    from idle, cold caches), whatever the loader."""
+
+    def __init__(self, loader: StreamingLoader) -> None:
+        it = iter(loader)
+        self.batches = [next(it) for _ in range(16)]
+        del it
+
+    def __iter__(self):
+        return itertools.cycle(self.batches)
+
+
+def storage_counts(loader) -> dict[str, int]:
+    if not isinstance(loader, StreamingLoader):
+        return {"retries": 0, "hedged": 0}
+    streams = loader.stats()["streams"].values()
+    return {k: int(sum(s.get(k, 0) for s in streams)) for k in ("retries", "hedged")}
+
+
+def measure(loader, args) -> tuple[float, list[dict]]:
     """(start-up seconds, one row per step time)."""
     it = iter(loader)
     start = time.perf_counter()
@@ -131,6 +153,9 @@ def measure(loader: StreamingLoader, args) -> tuple[float, list[dict]]:
                      "p50": np.percentile(waits, 50) * 1e3, "p99": np.percentile(waits, 99) * 1e3,
                      "max": waits.max() * 1e3})
     del it
+    counts = storage_counts(loader)
+    for row in rows:
+        row.update(counts)
     return startup, rows
 
 
@@ -160,15 +185,19 @@ def main(argv=None) -> int:
             (f"S3, {args.fault_rate:.0%} faults", {s.name: f"s3://stall/{s.name}" for s in STREAMS},
              servers.options(servers.faulty)),
         )
-        for backend, urls, opts in backends:
-            for mode, workers, depth in MODES:
-                startup, rows = measure(make_loader(urls, opts, workers, depth, args), args)
-                for row in rows:
-                    row.update(backend=backend, mode=mode, startup=startup)
-                    results.append(row)
-                    print(f"{backend:<16} {mode:<20} {row['step_ms']:>4} ms: stall {row['stall']:6.2%}  "
-                          f"p50 {row['p50']:6.2f}  p99 {row['p99']:7.2f}  max {row['max']:7.2f} ms "
-                          f"(start-up {startup:.2f} s)", flush=True)
+        floor = ReadyBatches(make_loader(backends[0][1], None, 0, 0, args))
+        runs = [("none", "floor: ready batches", lambda: floor)]
+        runs += [(backend, mode, lambda u=urls, o=opts, w=workers, d=depth: make_loader(u, o, w, d, args))
+                 for backend, urls, opts in backends for mode, workers, depth in MODES]
+        for backend, mode, make in runs:
+            startup, rows = measure(make(), args)
+            for row in rows:
+                row.update(backend=backend, mode=mode, startup=startup)
+                results.append(row)
+                print(f"{backend:<16} {mode:<20} {row['step_ms']:>4} ms: stall {row['stall']:6.2%}  "
+                      f"p50 {row['p50']:6.2f}  p99 {row['p99']:7.2f}  max {row['max']:7.2f} ms "
+                      f"(start-up {startup:.2f} s, retries {row['retries']}, hedged {row['hedged']})",
+                      flush=True)
     finally:
         requests, faults = servers.stop()
     print(f"fault proxy: {faults} of {requests} requests faulted")
@@ -192,16 +221,23 @@ def write_doc(results: list[dict], args, requests: int, faults: int) -> None:
         f"while a GPU step runs). {args.warmup} start-up batches are left out (start-up column). S3 is moto "
         f"on 127.0.0.1 in a child process; the faulty S3 is the same server behind `tests/fault_proxy.py` "
         f"({faults} of {requests} requests faulted: resets, 503 SlowDown, 2 s stalls, truncated bodies), "
-        "with a 1 s request timeout.",
+        "with a 1 s request timeout; reads that run far past their peers are hedged (a twin request, "
+        "`StorageConfig.hedge`; the hedged column counts them).",
+        "",
+        "The first rows are the floor: the same trainer over 16 batches made beforehand and handed out by a "
+        "plain Python iterator. On this machine a core that slept for the step time runs the first "
+        "microseconds after it far slower than a warm one (cold caches, a woken virtual CPU): the floor's "
+        "waits are that cost, which any loader pays on every step here.",
         "",
         "![stall per configuration](img/stall.png)",
         "",
-        "| backend | loader | step | stall (share of wall time) | wait p50 (ms) | p99 (ms) | max (ms) | start-up (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | loader | step | stall (share of wall time) | wait p50 (ms) | p99 (ms) | max (ms) | "
+        "start-up (s) | retries | hedged |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(f"| {r['backend']} | {r['mode']} | {r['step_ms']} ms | {r['stall']:.2%} | {r['p50']:.2f} | "
-                     f"{r['p99']:.2f} | {r['max']:.1f} | {r['startup']:.2f} |")
+                     f"{r['p99']:.2f} | {r['max']:.1f} | {r['startup']:.2f} | {r['retries']} | {r['hedged']} |")
     update_section("stall", "\n".join(lines))
 
 
