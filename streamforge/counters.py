@@ -23,10 +23,11 @@ class Counters:
         self.names = list(names)
         self.schedule = schedule
         n = len(self.names)
-        # float64 sums of integers: exact below 2**53 tokens, and one vector add per batch
-        self._tokens = np.zeros(n)
-        self._documents = np.zeros(n)
-        self._phase_tokens = np.zeros((len(schedule.starts), n))
+        # plain Python numbers: a handful of additions per batch on the training thread, where
+        # a numpy call right after an idle step costs tens of microseconds
+        self._tokens: list = [0] * n
+        self._documents: list = [0] * n
+        self._phase_tokens: list[list] = [[0] * n for _ in schedule.starts]
         self.skipped_steps = 0
         self.skipped_tokens = 0
         self.dropped_tokens = 0
@@ -43,7 +44,7 @@ class Counters:
     def phase_tokens(self) -> list[list[int]]:
         return [[int(x) for x in row] for row in self._phase_tokens]
 
-    def tally(self, rows: RowBatch) -> tuple[int, np.ndarray, np.ndarray]:
+    def tally(self, rows: RowBatch) -> tuple[int, list[int], list[int]]:
         """``(tokens, tokens per stream, documents per stream)`` of a batch: the counting,
         done where the batch is prepared (off the training thread when the loader prefetches),
         so that ``add`` is a few additions."""
@@ -51,17 +52,19 @@ class Counters:
         num_tokens = int(rows.length.sum())
         starts = rows.token_start == 0
         if n == 1:  # one stream: no bincount
-            return num_tokens, np.array([float(num_tokens)]), np.array([float(np.count_nonzero(starts))])
-        tokens = np.bincount(rows.stream, weights=rows.length, minlength=n)
-        return num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).astype(np.float64)
+            return num_tokens, [num_tokens], [int(np.count_nonzero(starts))]
+        tokens = np.bincount(rows.stream, weights=rows.length, minlength=n).astype(np.int64).tolist()
+        return num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist()
 
-    def add(self, tally: tuple[int, np.ndarray, np.ndarray], step: int) -> None:
+    def add(self, tally: tuple[int, list[int], list[int]], step: int) -> None:
         """Count a batch handed out at global ``step`` from its ``tally``."""
         _, tokens, documents = tally
-        self._tokens += tokens
-        self._documents += documents
         phase = 0 if len(self.schedule.starts) == 1 else self.schedule.phase_at(step)
-        self._phase_tokens[phase] += tokens
+        total, docs, in_phase = self._tokens, self._documents, self._phase_tokens[phase]
+        for i, t in enumerate(tokens):
+            total[i] += t
+            in_phase[i] += t
+            docs[i] += documents[i]
 
     def skip(self, num_tokens: int) -> None:
         self.skipped_steps += 1
@@ -69,7 +72,7 @@ class Counters:
 
     def set_tokens(self, tokens: Sequence[float]) -> None:
         """Start from these tokens per stream (documents and phases unknown: left at 0)."""
-        self._tokens = np.asarray(tokens, np.float64)
+        self._tokens = list(tokens)
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -80,9 +83,9 @@ class Counters:
         n = len(self.names)
         if len(state["tokens"]) != n or len(state["phase_tokens"]) != len(self.schedule.starts):
             return  # other streams or phases: the counters cannot carry over
-        self._tokens = np.array(state["tokens"], np.float64)
-        self._documents = np.array(state["documents"], np.float64)
-        self._phase_tokens = np.array(state["phase_tokens"], np.float64).reshape(len(self.schedule.starts), n)
+        self._tokens = [_number(x) for x in state["tokens"]]
+        self._documents = [_number(x) for x in state["documents"]]
+        self._phase_tokens = [[_number(x) for x in row] for row in state["phase_tokens"]]
         for key in ("skipped_steps", "skipped_tokens", "dropped_tokens"):
             setattr(self, key, int(state[key]))
 
@@ -111,6 +114,15 @@ class Counters:
             "skipped_tokens": self.skipped_tokens,
             "dropped_tokens": self.dropped_tokens,
         }
+
+
+def _number(x) -> int | float:
+    """A saved count: an int, or a float where a resume on another world size shared a
+    total among ranks."""
+    if isinstance(x, int):
+        return x
+    x = float(x)
+    return int(x) if x.is_integer() else x
 
 
 def spread(states: list[dict[str, Any]], ways: int) -> dict[str, Any]:

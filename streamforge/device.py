@@ -32,8 +32,8 @@ in flight; mixture counters, steps and the state never do.
 from __future__ import annotations
 
 import os
-import queue
 import threading
+from collections import deque
 from typing import Any, Callable, Iterator
 
 import torch
@@ -69,16 +69,24 @@ class _Failure:
         self.error = error
 
 
-_DONE = object()
-
-
 class DeviceFeed:
-    """One iteration's feed: ``for item in feed.items(raw): ...; batch = feed.hand_out()``.
+    """One iteration's feed::
 
-    ``items`` yields the raw items unchanged and in order; ``hand_out`` returns the prepared
-    batch of the item yielded last, ready to be read on the caller's current stream.
-    ``prepare(rows)`` makes the batch (expand, pin, copy); on CUDA with ``depth > 0`` it runs
-    under the side stream, so its copies are issued there.
+        take = feed.open(raw)
+        try:
+            while (got := take()) is not None:
+                item = got[0]
+                ...                       # commit the item's state
+                batch = feed.hand_out(got)
+        finally:
+            feed.close()
+
+    ``take()`` gives the raw items unchanged and in order, each as ``[item, payload]``, and
+    None at the end; ``hand_out(got)`` returns its batch, ready to be read on the caller's
+    current stream. ``prepare(rows)`` (rows: ``item[2]``) makes the batch (expand, pin,
+    copy); on CUDA with ``depth > 0`` it runs under the side stream, so its copies are issued
+    there. With ``depth > 0``, ``take`` is one call into the hand-off: the training thread
+    runs as little code as possible between two steps.
     """
 
     def __init__(self, prepare: Callable[[Any], Batch], device: torch.device, depth: int) -> None:
@@ -86,95 +94,120 @@ class DeviceFeed:
         self.device = device
         self.depth = depth
         self.cuda = device.type == "cuda"
-        self._current: tuple[Any, Any] | None = None  # (batch or rows, event)
+        self._raw: Iterator[tuple] | None = None
+        self._hand: _Handoff | None = None
+        self._thread: threading.Thread | None = None
 
     # -- the training thread -------------------------------------------------------------------
-    def items(self, raw: Iterator[tuple]) -> Iterator[tuple]:
-        """The raw items; the rows are the third field (``item[2]``)."""
+    def open(self, raw: Iterator[tuple]) -> Callable[[], tuple | None]:
         if self.depth == 0:
-            try:
-                for item in raw:
-                    self._current = (item[2], None)
-                    yield item
-            finally:
-                _close(raw)
-            return
-        yield from self._prefetched(raw)
+            self._raw = raw
 
-    def hand_out(self) -> Batch:
-        if self._current is None:
-            raise RuntimeError("hand_out() before the first item")
-        payload, event = self._current
-        self._current = None
+            def take() -> tuple | None:
+                item = next(raw, None)
+                return None if item is None else [item, item[2]]
+
+            return take
+        self._hand = hand = _Handoff(self.depth)
+        self._thread = threading.Thread(target=self._produce, args=(raw, hand), name="streamforge-device-feed",
+                                        daemon=True)
+        self._thread.start()
+        return hand.take
+
+    def hand_out(self, got: list) -> Batch:
+        """The batch of ``got`` (what ``take`` returned), which it drops: the caller then
+        holds the only reference, so a batch it is done with is freed in its own time, not
+        inside the next ``take`` (freeing a CPU batch costs tens of microseconds)."""
+        payload = got.pop()
         if self.depth == 0:
             return self.prepare(payload)
+        batch, event = payload
         if event is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(event)
-            for tensor in payload.values():
+            for tensor in batch.values():
                 tensor.record_stream(stream)
-        return payload
+        return batch
 
-    def _prefetched(self, raw: Iterator[tuple]) -> Iterator[tuple]:
-        ready: queue.Queue = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._produce, args=(raw, ready, stop), name="streamforge-device-feed", daemon=True
-        )
-        thread.start()
-        try:
-            while True:
-                got = ready.get()
-                if got is _DONE:
-                    return
-                if isinstance(got, _Failure):
-                    raise got.error
-                item, batch, event = got
-                self._current = (batch, event)
-                yield item
-        finally:
-            stop.set()
-            while thread.is_alive():  # unblock a producer waiting on a full queue
-                try:
-                    ready.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            thread.join()
+    def close(self) -> None:
+        """Stop the background thread (it closes the raw items) or close them here."""
+        if self._hand is not None:
+            self._hand.stop()
+            self._thread.join()
+            self._hand = self._thread = None
+        elif self._raw is not None:
+            _close(self._raw)
+            self._raw = None
 
     # -- the background thread -----------------------------------------------------------------
-    def _produce(self, raw: Iterator[tuple], ready: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, raw: Iterator[tuple], hand: "_Handoff") -> None:
         side = torch.cuda.Stream(self.device) if self.cuda else None
         try:
             for item in raw:
-                if stop.is_set():
-                    break
                 if side is not None:
                     with torch.cuda.stream(side):
                         batch = self.prepare(item[2])
                         event = side.record_event()
                 else:
                     batch, event = self.prepare(item[2]), None
-                if not _put(ready, (item, batch, event), stop):
+                if not hand.put([item, (batch, event)]):
                     break
             else:
-                _put(ready, _DONE, stop)
+                hand.put(None)
         except BaseException as error:  # handed to the training thread, raised there
-            _put(ready, _Failure(error), stop)
+            hand.put(_Failure(error))
         finally:
             _close(raw)  # shuts worker processes down from the thread that ran them
+
+
+class _Handoff:
+    """A queue of at most ``depth`` items from one producer thread to one consumer, whose
+    ``take`` is a lock-free ``popleft`` whenever an item is ready: the training thread comes
+    back from a step with cold caches, where each lock and condition costs tens of
+    microseconds. The producer appends under a condition (so a waiting consumer never misses
+    it) and, when full, waits on ``_space``, a plain lock the consumer releases after a take."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.items: deque = deque()
+        self._ready = threading.Condition()
+        self._space = threading.Lock()
+        self._space.acquire()  # locked: "no room was made since the producer last looked"
+        self._stopped = False
+
+    def take(self) -> Any:
+        """The next item (None at the end); raises the producer's error."""
+        items = self.items
+        if not items:
+            with self._ready:
+                while not items:
+                    self._ready.wait()
+        got = items.popleft()
+        if self._space.locked():
+            self._space.release()
+        if type(got) is _Failure:
+            raise got.error
+        return got
+
+    def put(self, value: Any) -> bool:
+        """False once the consumer stopped (the value is dropped)."""
+        while len(self.items) >= self.depth and not self._stopped:
+            self._space.acquire(timeout=0.05)
+        if self._stopped:
+            return False
+        with self._ready:
+            self.items.append(value)
+            self._ready.notify()
+        return True
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.items.clear()
+        if self._space.locked():
+            self._space.release()
 
 
 def _close(raw: Iterator[tuple]) -> None:
     close = getattr(raw, "close", None)
     if close is not None:
         close()
-
-
-def _put(ready: queue.Queue, value: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            ready.put(value, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False

@@ -185,23 +185,27 @@ class StreamingLoader(Checkpointing):
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
         skips = self.skip_steps if self.skip_steps else None
         feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
-        counters = self._counters
-        for logical, step, rows, state, stats, skipped, tally in feed.items(self._tallied(items)):
-            if step != self._first_step + self._batch:
-                raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
-            self._worker_states[logical] = state
-            if stats is not None:  # workers send their counters with every message
-                self._stats[logical] = stats
-                self._skipped[logical] = skipped
-            self._batch += 1
-            self._pass_tokens += tally[0]
-            if self._ledger is not None:
-                self._ledger.add(step, self._pass, rows, skipped=skips is not None and step in skips)
-            if skips is not None and step in skips:
-                counters.skip(tally[0])
-                continue
-            counters.add(tally, step)
-            yield feed.hand_out()  # the state above is this batch's: committed as it is handed out
+        counters, take = self._counters, feed.open(self._tallied(items))
+        try:
+            while (got := take()) is not None:
+                logical, step, rows, state, stats, skipped, tally = got[0]
+                if step != self._first_step + self._batch:
+                    raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
+                self._worker_states[logical] = state
+                if stats is not None:  # workers send their counters with every message
+                    self._stats[logical] = stats
+                    self._skipped[logical] = skipped
+                self._batch += 1
+                self._pass_tokens += tally[0]
+                if self._ledger is not None:
+                    self._ledger.add(step, self._pass, rows, skipped=skips is not None and step in skips)
+                if skips is not None and step in skips:
+                    counters.skip(tally[0])
+                    continue
+                counters.add(tally, step)
+                yield feed.hand_out(got)  # the state above is this batch's: committed as it is handed out
+        finally:
+            feed.close()
         if not self.infinite and not self.evaluation:
             self._end_pass()
         if self._ledger is not None:

@@ -83,11 +83,13 @@ def test_an_error_in_the_pipeline_reaches_the_trainer():
         raise OSError("shard 3 is gone")
 
     feed = DeviceFeed(lambda rows: {"x": torch.tensor([len(rows)])}, torch.device("cpu"), 2)
-    items = feed.items(raw())
-    assert next(items)[2] == "rows-0"
-    assert feed.hand_out()["x"].item() == 6
+    take = feed.open(raw())
+    got = take()
+    assert got[0][2] == "rows-0"
+    assert feed.hand_out(got)["x"].item() == 6
     with pytest.raises(OSError, match="shard 3 is gone"):
-        next(items)
+        take()
+    feed.close()
     assert not _feed_threads()
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from streamforge.format.writer import ShardWriter
 from streamforge.source import ShardSource
-from streamforge.storage.config import RetryPolicy, StorageConfig
+from streamforge.storage.config import HedgePolicy, RetryPolicy, StorageConfig
 
 FAST_RETRY = RetryPolicy(attempts=8, backoff_base=0.01, backoff_max=0.05, timeout=1.0, jitter=0.5)
 
@@ -55,7 +55,10 @@ def same(a, b) -> bool:
 
 
 def config(**kwargs) -> StorageConfig:
+    """Test storage settings. No hedging unless asked for (test_hedge.py): a read slowed by a
+    loaded machine would get a twin and fetch its bytes twice, and these tests count bytes."""
     kwargs.setdefault("retry", FAST_RETRY)
+    kwargs.setdefault("hedge", HedgePolicy(enabled=False))
     kwargs.setdefault("request_bytes", 16 << 10)
     kwargs.setdefault("prefetch_bytes", 64 << 10)
     return StorageConfig(**kwargs)

@@ -12,15 +12,14 @@ from storage_helpers import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ManifestError
 from streamforge.format.manifest import MANIFEST_NAME, Manifest, check_stream
 from streamforge.source import ShardSource, read_records
-from streamforge.storage.config import HedgePolicy, RetryPolicy, StorageConfig
+from streamforge.storage.config import RetryPolicy, StorageConfig
 from streamforge.storage.open import open_url
 
 
 @pytest.mark.parametrize("prefetch", [0, 64 << 10])
 def test_full_stream_equals_written_docs(corpus, docs, prefetch):
     _, url, opts, manifest = corpus
-    # no hedging: a twin request (a read slow on a loaded machine) would fetch its bytes twice
-    source = ShardSource.open(url, opts, config(prefetch_bytes=prefetch, hedge=HedgePolicy(enabled=False)))
+    source = ShardSource.open(url, opts, config(prefetch_bytes=prefetch))
     got = read_all(source)
     assert same(tokens_of(got), docs)
     stats = source.stats()
