@@ -81,7 +81,7 @@ class ShardSource:
         """Load the manifest (clear errors for what is wrong) and prepare ranged reads."""
         config = config or StorageConfig()
         manifest = Manifest.load(url, storage_options, retry=config.retry)
-        return cls(manifest, ByteFetcher(url, storage_options, config.retry), config=config)
+        return cls(manifest, ByteFetcher(url, storage_options, config.retry, config.hedge), config=config)
 
     def close(self) -> None:
         self._readahead.close()
