@@ -290,14 +290,18 @@ class Case:
     # -- building --------------------------------------------------------------------------
     MODULES = {"streamforge": ["streamforge"], "litdata": ["litdata"], "mosaic": ["streaming"],
                "webdataset": ["webdataset", "torchdata.stateful_dataloader"]}
+    # the client each system reads S3 with, imported lazily by the system on its first read
+    S3_MODULES = {"streamforge": ["s3fs"], "litdata": ["obstore"], "mosaic": ["boto3"], "webdataset": ["boto3"]}
 
     def preload(self) -> None:
-        """Import the system's modules before any clock starts."""
+        """Import the system's modules (and, for S3, its storage client) before any clock
+        starts: every system's imports are left out alike."""
         import importlib
 
         if self.system == "mosaic":
             install_torchvision_stub()
-        for name in self.MODULES[self.system.split("-")[0]]:
+        family = self.system.split("-")[0]
+        for name in self.MODULES[family] + (self.S3_MODULES[family] if self.s3 else []):
             importlib.import_module(name)
 
     def build(self):
@@ -988,7 +992,9 @@ def peers_section(results: dict, metas: dict, args, command: str, versions: dict
         "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
         "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "
         "delivered (streamforge: non-padding positions; a peer: 2049 per block) over the seconds from "
-        "building the loader to the end of the pass, imports excluded. Each case runs in a fresh "
+        "building the loader to the end of the pass, imports excluded (the system's modules and, from S3, "
+        "the client it reads with: s3fs, obstore or boto3, imported before the clock starts). Each case runs "
+        "in a fresh "
         f"process; medians of {args.repeats} runs (min-max), cases interleaved within each repeat. "
         "CPU-seconds: user + sys of the case process and its workers (psutil, sampled at the start and the "
         "end of the pass, reaped children included), per billion tokens; the S3 server's CPU is not counted. "

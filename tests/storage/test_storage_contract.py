@@ -135,3 +135,16 @@ def test_manifest_load_is_one_request(corpus):
     _, url, opts, manifest = corpus
     loaded = Manifest.load(url, opts)
     assert loaded.fingerprint == manifest.fingerprint
+
+
+def test_one_filesystem_per_process_and_options(s3_server, tmp_path):
+    opts = s3_server.storage_options()
+    policy = RetryPolicy()
+    a, path_a = open_url("s3://bucket/web", opts, policy)
+    b, path_b = open_url("s3://bucket/code/shard-000001.tar.zst", opts, policy)
+    assert a is b and (path_a, path_b) == ("bucket/web", "bucket/code/shard-000001.tar.zst")
+    assert open_url("s3://bucket/web", opts)[0] is not a  # other client settings: another client
+    other = {**opts, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    assert open_url("s3://bucket/web", other, policy)[0] is not a
+    local, path = open_url(f"file://{tmp_path}/web")
+    assert path == f"{tmp_path}/web" and open_url(str(tmp_path))[0] is local
