@@ -14,6 +14,14 @@ VERIFY_MODES = ("size", "sha256")
 ON_ERROR_MODES = ("raise", "skip")
 
 
+def _check(owner, names, types, ok, wanted: str) -> None:
+    """``ConfigError`` naming ``Owner.name`` for the first of ``names`` that is not ``wanted``."""
+    for name in names:
+        value = getattr(owner, name)
+        if isinstance(value, bool) or not isinstance(value, types) or not ok(value):
+            raise ConfigError(f"{type(owner).__name__}.{name} must be {wanted}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How transient storage faults are retried.
@@ -30,12 +38,8 @@ class RetryPolicy:
     jitter: float = 0.5
 
     def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ConfigError(f"RetryPolicy.attempts must be an int >= 1, got {self.attempts!r}")
-        for name in ("backoff_base", "backoff_max", "timeout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
+        _check(self, ("attempts",), int, lambda v: v >= 1, "an int >= 1")
+        _check(self, ("backoff_base", "backoff_max", "timeout"), (int, float), lambda v: v >= 0, "a number >= 0")
         if self.timeout == 0:
             raise ConfigError("RetryPolicy.timeout must be > 0")
         if not 0 <= self.jitter <= 1:
@@ -61,14 +65,8 @@ class HedgePolicy:
     warmup: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("factor", "minimum", "initial"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"HedgePolicy.{name} must be a number > 0, got {value!r}")
-        for name in ("window", "warmup"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"HedgePolicy.{name} must be an int >= 1, got {value!r}")
+        _check(self, ("factor", "minimum", "initial"), (int, float), lambda v: v > 0, "a number > 0")
+        _check(self, ("window", "warmup"), int, lambda v: v >= 1, "an int >= 1")
         if self.warmup > self.window:
             raise ConfigError(f"HedgePolicy.warmup ({self.warmup}) must be <= window ({self.window})")
 
