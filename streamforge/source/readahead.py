@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import bisect
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import zstandard
 
 from ..format.frames import ShardIndex, decode_frame
+from ..storage.pool import DaemonPool
 from ..storage.prefetch import FetchUnit, Prefetcher, group_frames
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class ReadAhead:
         self._plan_by_shard: dict[int, list[int]] = {}
         self._plan_cursor = 0
         self._thread_local = threading.local()
-        self._index_pool: ThreadPoolExecutor | None = None
+        self._index_pool: DaemonPool | None = None
 
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
@@ -77,7 +77,7 @@ class ReadAhead:
             self.prefetcher.close()
             self.prefetcher = None
         if self._index_pool is not None:
-            self._index_pool.shutdown(wait=False, cancel_futures=True)
+            self._index_pool.close()
             self._index_pool = None
 
     def _indexes_ahead(self, ranges: list[tuple[int, int, int]]) -> None:
@@ -90,7 +90,7 @@ class ReadAhead:
         if not shards:
             return
         if self._index_pool is None:
-            self._index_pool = ThreadPoolExecutor(2, thread_name_prefix="sf-index")
+            self._index_pool = DaemonPool(2, "sf-index")
         for shard in shards[:INDEXES_AHEAD]:
             self._index_pool.submit(_quietly, source.index, shard)
 

@@ -130,7 +130,7 @@ class ByteFetcher:
 
         if self.hedger is None:
             return self.retrier(request, where)
-        return self.hedger.run(lambda: self.retrier(request, where), stop - start)
+        return self.hedger.run(lambda settled: self.retrier(request, where, settled), stop - start)
 
     def _check_size(self, fs, target: str, where: str, file_size: int) -> None:
         size = self.retrier(lambda: fs.size(target), where)

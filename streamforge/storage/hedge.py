@@ -14,7 +14,9 @@ store is almost never hedged (a read must be several times slower than nine in t
 recent peers), and a store that is slow everywhere raises its own bar.
 
 Every attempt runs its own retries (``Retrier``), so a hedge is never a substitute for a
-retry: it only stops one slow attempt from holding the reader.
+retry: it only stops one slow attempt from holding the reader. Once one attempt has answered,
+the other stops retrying (``run``'s ``settled`` event); the pool's threads are daemons, so
+an attempt still waiting on its socket never holds the process open at exit.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Callable, TypeVar
 
 import numpy as np
 
 from .config import HedgePolicy
+from .pool import DaemonPool
 
 T = TypeVar("T")
 _LARGE = 1 << 20
@@ -42,7 +45,7 @@ class Hedger:
         self._init_local()
 
     def _init_local(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._lock = threading.Lock()
         self._seconds = (deque(maxlen=self.policy.window), deque(maxlen=self.policy.window))
         self.hedged = 0  # reads that got a twin
@@ -64,26 +67,28 @@ class Hedger:
             p90 = float(np.percentile(np.fromiter(seconds, float, len(seconds)), 90))
         return max(p.minimum, p.factor * p90)
 
-    def _timed(self, request: Callable[[], T], nbytes: int) -> T:
+    def _timed(self, request: Callable[[threading.Event], T], settled: threading.Event, nbytes: int) -> T:
         start = time.perf_counter()
-        out = request()
+        out = request(settled)
         with self._lock:
             self._seconds[nbytes >= _LARGE].append(time.perf_counter() - start)
         return out
 
-    def run(self, request: Callable[[], T], nbytes: int) -> T:
-        """``request()``'s result, from the first of at most two attempts to succeed."""
+    def run(self, request: Callable[[threading.Event], T], nbytes: int) -> T:
+        """``request(settled)``'s result, from the first of at most two attempts to succeed;
+        ``settled`` is set once the race is decided (an attempt should then stop retrying)."""
+        settled = threading.Event()
         if not self.policy.enabled:
-            return request()
+            return request(settled)
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="sf-hedge")
+                self._pool = DaemonPool(self.threads, "sf-read")
             pool = self._pool
-        first = pool.submit(self._timed, request, nbytes)
+        first = pool.submit(self._timed, request, settled, nbytes)
         done, _ = wait([first], timeout=self.threshold(nbytes))
         if done:
             return first.result()
-        twin = pool.submit(self._timed, request, nbytes)
+        twin = pool.submit(self._timed, request, settled, nbytes)
         with self._lock:
             self.hedged += 1
         pending: set[Future] = {first, twin}
@@ -92,6 +97,7 @@ class Hedger:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
                 if future.exception() is None:
+                    settled.set()
                     if future is twin:
                         with self._lock:
                             self.twin_won += 1

@@ -111,14 +111,15 @@ class Retrier:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def __call__(self, request: Callable[[], T], what: str) -> T:
-        """``request()`` until it succeeds; ``what`` names the url/shard/frame for errors."""
+    def __call__(self, request: Callable[[], T], what: str, settled: threading.Event | None = None) -> T:
+        """``request()`` until it succeeds; ``what`` names the url/shard/frame for errors.
+        Once ``settled`` is set (a hedged twin answered), a failed attempt is not retried."""
         policy = self.policy
         for attempt in range(1, policy.attempts + 1):
             try:
                 return request()
             except Exception as exc:  # noqa: BLE001 - sorted just below, re-raised if permanent
-                if not is_transient(exc):
+                if not is_transient(exc) or (settled is not None and settled.is_set()):
                     raise
                 if attempt == policy.attempts:
                     raise StorageError(

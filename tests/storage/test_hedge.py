@@ -22,7 +22,7 @@ def test_a_slow_first_attempt_is_answered_by_its_twin():
     calls = []
     lock = threading.Lock()
 
-    def request():
+    def request(settled):
         with lock:
             calls.append(time.perf_counter())
             first = len(calls) == 1
@@ -41,7 +41,7 @@ def test_fast_reads_are_sent_once_and_set_the_threshold():
     hedger = Hedger(FAST)
     count = []
     for _ in range(10):
-        assert hedger.run(lambda: count.append(1) or b"x", 100) == b"x"
+        assert hedger.run(lambda settled: count.append(1) or b"x", 100) == b"x"
     assert len(count) == 10 and hedger.hedged == 0
     assert hedger.threshold(100) == FAST.minimum  # fast reads: the floor
     assert hedger.threshold(8 << 20) == FAST.initial  # no large read seen yet
@@ -50,7 +50,7 @@ def test_fast_reads_are_sent_once_and_set_the_threshold():
 def test_both_attempts_failing_raise_the_first_error():
     calls = []
 
-    def request():
+    def request(settled):
         calls.append(1)
         n = len(calls)
         time.sleep(0.3 if n == 1 else 0.0)
@@ -63,7 +63,7 @@ def test_both_attempts_failing_raise_the_first_error():
 def test_a_failed_twin_leaves_the_first_attempt_to_answer():
     calls = []
 
-    def request():
+    def request(settled):
         calls.append(1)
         if len(calls) == 2:
             raise ConnectionResetError("twin")
@@ -75,7 +75,7 @@ def test_a_failed_twin_leaves_the_first_attempt_to_answer():
 
 def test_disabled_and_local_reads_are_never_hedged(tmp_path):
     hedger = Hedger(HedgePolicy(enabled=False))
-    assert hedger.run(lambda: time.sleep(0.6) or 1, 10) == 1 and hedger.hedged == 0
+    assert hedger.run(lambda settled: time.sleep(0.6) or 1, 10) == 1 and hedger.hedged == 0
     assert ByteFetcher(str(tmp_path)).hedger is None
     assert ByteFetcher(f"file://{tmp_path}").hedger is None
     assert ByteFetcher("s3://bucket/web").hedger is not None
@@ -130,3 +130,35 @@ def test_an_infinite_reader_reads_ahead_across_the_pass_boundary(tmp_path, docs)
     assert prefetcher._generation == generation == 1
     assert prefetcher.waits <= 2 and prefetcher.hits > 0
     source.close()
+
+
+def test_the_losing_attempt_stops_retrying_once_the_race_is_settled():
+    from streamforge.storage.retry import Retrier
+
+    settled = threading.Event()
+    settled.set()
+    calls = []
+
+    def request():
+        calls.append(1)
+        raise ConnectionResetError("reset")
+
+    with pytest.raises(ConnectionResetError):
+        Retrier(RetryPolicy(attempts=5, backoff_base=0.0))(request, "s3://b/web/shard-000000.tar.zst", settled)
+    assert len(calls) == 1
+
+
+def test_a_request_left_running_never_holds_the_process_open():
+    import subprocess
+    import sys
+
+    code = (
+        "import time\n"
+        "from streamforge.storage.pool import DaemonPool\n"
+        "pool = DaemonPool(2, 'sf-read')\n"
+        "pool.submit(time.sleep, 60)\n"
+        "assert pool.submit(lambda: 7).result(timeout=5) == 7\n"
+    )
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    assert time.perf_counter() - start < 20
