@@ -1,6 +1,8 @@
 """From a worker's live stages, consumed and pending records are known exactly."""
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline_helpers import dataset, random_docs, write_stream
 from streamforge import Manifest
@@ -26,3 +28,19 @@ def test_consumed_pending_and_unread_partition_the_pass(tmp_path, rng):
     assert len(partial) <= 1 and buffer.token_offset > 0 or not partial
     assert (emitted | pending | unread) == every
     assert not (emitted - partial) & pending and not emitted & unread and not pending & unread
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**33)), unique=True, max_size=40),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**33)), max_size=40), st.randoms())
+def test_locate_finds_each_wanted_record_or_says_it_is_missing(have, extra, rnd):
+    from streamforge.stages.shuffle import _locate
+
+    rnd.shuffle(have)
+    wanted = [k for k in have if rnd.random() < 0.7] + extra
+    arr = lambda pairs, i: np.array([p[i] for p in pairs], np.int64)  # noqa: E731
+    at, present = _locate(arr(have, 0), arr(have, 1), arr(wanted, 0), arr(wanted, 1))
+    for k, i, ok in zip(wanted, at.tolist(), present.tolist()):
+        assert ok == (k in have)
+        if ok:
+            assert have[i] == k
