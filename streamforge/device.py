@@ -21,8 +21,8 @@ current stream). On CPU a depth > 0 still runs: the expand (and, with ``num_work
 whole pipeline: reading, decompressing, packing) moves off the training thread. Those parts
 spend their time in zstd, numpy and torch, which release the GIL, so a trainer that waits on
 its device (or sleeps) overlaps with them. Measured on 2 CPU cores (``tools/bench_stall.py``,
-docs/cuda.md): at 20 ms steps from local disk the trainer waits 8.5% of the time with 0
-workers and 4.9% with 2 workers, but 0.95% and 1.0% with ``depth=2`` (0.92% from S3).
+docs/cuda.md): at 20 ms steps from local disk the trainer waits 9.2% of the time with 0
+workers and 4.5% with 2 workers, but 0.81% and 0.67% with ``depth=2`` (0.93% from S3).
 
 Costs: one thread, ``depth`` extra batches of (pinned) host and device memory, one event per
 batch. Storage counters read with ``num_workers=0`` and ``depth > 0`` may include the batches

@@ -11,9 +11,10 @@ before the first batch; each worker builds exactly its share of them, all full. 
 ``skip_steps`` are built (their data consumed) and dropped here.
 
 Order and state. The loader keeps, per logical worker, the pipeline state sent along with
-the last batch *handed to the caller* (batches still prefetched in workers do not count). On resume, DataLoader worker ``k`` plays logical worker
-``(k + i) % W`` so the first batch comes from the right one. The state itself, and the exact,
-elastic and statistical ways of resuming from it, are in ``checkpoint.py``.
+the last batch *handed to the caller* (batches still prefetched in workers do not count). On
+resume, DataLoader worker ``k`` plays logical worker ``(k + i) % W`` so the first batch comes
+from the right one. The state itself, and the exact, elastic and statistical ways of resuming
+from it, are in ``checkpoint.py``.
 """
 
 from __future__ import annotations
