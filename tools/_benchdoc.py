@@ -47,3 +47,26 @@ def publish(name: str, text: str, out: str, plot=None, image: str | None = None)
         plot(os.path.join(os.path.dirname(out), "img", image))
     update_section(name, text, path=out)
     print(f"wrote the '{name}' section of {out}" + (f" and img/{image}" if image else ""))
+
+
+def save_figure(fig, path) -> None:
+    """Lay out ``fig``, write it to ``path`` as PNG (folders made as needed) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(str(path))), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cached_meta(root: str, params: dict) -> dict | None:
+    """The ``corpus.json`` under ``root`` when it was built with ``params``, else None (the
+    caller rebuilds the corpus)."""
+    import json
+
+    meta_path = os.path.join(root, "corpus.json")
+    if not os.path.exists(meta_path):
+        return None
+    with open(meta_path) as f:
+        meta = json.load(f)
+    return meta if meta.get("params") == params else None

@@ -103,13 +103,12 @@ def corpus_params(num_tokens: int) -> dict:
 
 def ensure_flat(root: str, num_tokens: int) -> dict:
     """The documents, each followed by EOS, as one flat uint16 file (and their start offsets)."""
+    from _benchdoc import cached_meta
+
     params = corpus_params(num_tokens)
-    meta_path = os.path.join(root, "corpus.json")
-    if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        if meta.get("params") == params:
-            return meta
+    meta = cached_meta(root, params)
+    if meta is not None:
+        return meta
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     rng = np.random.default_rng(params["seed"])
@@ -964,10 +963,9 @@ def plot_peers(res: dict, path: str, title: str) -> None:
     ax.set_ylabel("tokens/s (millions, log), median; bars: min-max")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from _benchdoc import save_figure
+
+    save_figure(fig, path)
 
 
 def peers_section(results: dict, metas: dict, args, command: str, versions: dict) -> str:
@@ -1195,10 +1193,9 @@ def plot_growth(g: dict, path: str) -> None:
     ax.set_xlabel("shards in the manifest")
     ax.set_ylabel("time to first batch (s)")
     fig.suptitle("streamforge: how the cost grows (medians)", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from _benchdoc import save_figure
+
+    save_figure(fig, path)
 
 
 def growth_section(g: dict, args, command: str) -> str:

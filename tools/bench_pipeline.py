@@ -77,18 +77,17 @@ def corpus_params(num_tokens: int) -> dict:
 
 def ensure_corpus(root: str, num_tokens: int) -> dict:
     """The corpus under ``root`` (built unless one with the same parameters is there)."""
+    from _benchdoc import cached_meta
+
     params = corpus_params(num_tokens)
-    meta_path = os.path.join(root, "corpus.json")
-    if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        if meta.get("params") == params:
-            print(f"corpus: reusing {root}")
-            return meta
+    meta = cached_meta(root, params)
+    if meta is not None:
+        print(f"corpus: reusing {root}")
+        return meta
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     meta = write_corpus(root, params)
-    with open(meta_path, "w") as f:
+    with open(os.path.join(root, "corpus.json"), "w") as f:
         json.dump(meta, f, indent=1)
     return meta
 
@@ -411,10 +410,9 @@ def plot(s: dict, path: str) -> None:
     ax.set_ylabel("tokens/s (millions), median")
     ax.set_title(f"One pass, {BATCH}x{SEQ_LEN} full-contract batches")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from _benchdoc import save_figure
+
+    save_figure(fig, path)
 
 
 def machine() -> str:

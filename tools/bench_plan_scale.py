@@ -411,10 +411,9 @@ def plot(res: dict, path: str) -> None:
     b.set(xscale="log", yscale="log", xlabel="global workers (R x W)", ylabel="max / mean tokens",
           title="token imbalance between global workers")
     b.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from _benchdoc import save_figure
+
+    save_figure(fig, path)
 
 
 def machine() -> str:

@@ -263,10 +263,9 @@ def plot(results: list[dict], path: Path) -> None:
     ax.set_ylabel("time waiting for data (%)")
     ax.set_title("data stall per step time (dashed: 1%)")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from _benchdoc import save_figure
+
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

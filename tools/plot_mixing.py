@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from _benchdoc import update_section  # noqa: E402
+from _benchdoc import save_figure, update_section  # noqa: E402
 from streamforge import PackedTokenDataset, ShardWriter, Stream, StreamingLoader  # noqa: E402
 
 EOS = 50256
@@ -103,9 +103,7 @@ def plot(per_step: np.ndarray, phases: list, names: list[str], path: str) -> Non
     axes[1].set_xlabel("global step")
     axes[0].set_title("realized token shares vs the schedule's weights (dashed); phase switches in grey")
     axes[0].legend(loc="upper left", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:
