@@ -166,7 +166,10 @@ class ShardSource:
         """``[(buffer, from_cache) or None (decoded already), ...]`` for frames first..stop-1."""
         out: list = [None] * (stop - first)
         last = self._last
-        wanted = [f for f in range(first, stop) if last is None or last[0] != shard or last[1] != f]
+        # the frame decoded last is reused only at either end of the range: in the middle it
+        # would split one ranged request into two
+        held = last[1] if last is not None and last[0] == shard and last[1] in (first, stop - 1) else None
+        wanted = [f for f in range(first, stop) if f != held]
         missing = []
         for f, buf in zip(wanted, self._readahead.take(shard, start, wanted, index)):
             if buf is None:

@@ -130,3 +130,16 @@ def test_read_outside_the_shard_raises_index_error(small_stream):
         source.read(0, 0, n + 1)
     with pytest.raises(IndexError, match="shard 99"):
         list(read_records(url, 99))
+
+
+def test_a_read_around_the_last_decoded_frame_is_one_request():
+    docs = [np.array([], np.int64)] * 3
+    params = {"token_dtype": "uint16", "shard_size": 3072, "frame_size": 1, "compression_level": 1}
+    with tempfile.TemporaryDirectory() as tmp:
+        url, _ = _write(tmp, docs, [None] * 3, params)
+        source = ShardSource.open(url)
+        source.index(0)
+        source.read(0, 0, 2)  # leaves frame 1 decoded
+        before = source.fetcher.stats.requests
+        assert len(source.read(0, 0, 3)) == 3
+        assert source.fetcher.stats.requests - before == 1
