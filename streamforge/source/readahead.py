@@ -146,12 +146,15 @@ class ReadAhead:
             decompressor = local.decompressor = zstandard.ZstdDecompressor()
         out = []
         codec = source.manifest.compression
+        # the compressed bytes are kept only where the reader still needs them (a running
+        # sha256, a frame that failed here): each is a view of the whole request's buffer
+        keep = source.config.verify == "sha256"
         for f, (buf, from_cache) in zip(range(unit.first, unit.stop), got):
             try:
                 raw = decode_frame(codec, buf, int(index.frames["raw_size"][f]), decompressor)
             except (zstandard.ZstdError, ValueError):
                 raw = None
-            out.append((buf, from_cache, raw))
+            out.append((buf if keep or raw is None else None, from_cache, raw))
         return out
 
     def _plan_pos(self, shard: int, start: int) -> int | None:

@@ -131,12 +131,13 @@ class Prefetcher:
             if self._entries.get(key) is not entry:
                 return None  # the plan was replaced while waiting
             del self._entries[key]
+            data, error = entry.data, entry.error
             self._release(entry)
             self._cond.notify_all()
-            if entry.error is not None:
-                raise entry.error
+            if error is not None:
+                raise error
             self.hits += 1
-            return entry.data
+            return data
 
     def close(self) -> None:
         with self._cond:
@@ -150,8 +151,11 @@ class Prefetcher:
 
     # -- internals (call with the lock held) ----------------------------------------------
     def _release(self, entry: _Entry) -> None:
+        """Give back an entry's share of the budget and drop its buffers: an entry may still
+        be named by a fetch thread's last unit, which must not keep the bytes alive."""
         self._held -= entry.nbytes
         entry.nbytes = 0
+        entry.data = entry.error = None
 
     def _drop_passed(self) -> None:
         """Release fetched frames the reader has moved past. Entries are kept in plan order
@@ -245,21 +249,26 @@ class Prefetcher:
             item = self._queue.get()
             if item is None:
                 return
-            generation, unit, keys, entries = item
-            with self._cond:
-                if generation != self._generation:
-                    continue
-            try:
-                buffers, error = self._fetch(unit), None
-            except BaseException as exc:  # noqa: BLE001 - handed to the reader in take()
-                buffers, error = [None] * len(keys), exc
-            with self._cond:
-                for k, e, buf in zip(keys, entries, buffers):
-                    e.data, e.error, e.done = buf, error, True
-                    current = generation == self._generation and self._entries.get(k) is e
-                    if current and e.pos < self._reader_pos:
-                        self._release(self._entries.pop(k))
-                self._cond.notify_all()
+            self._complete(*item)
+            item = None  # a thread waiting for its next unit holds no bytes of its last one
+
+    def _complete(self, generation: int, unit: FetchUnit, keys: list[Key], entries: list[_Entry]) -> None:
+        with self._cond:
+            if generation != self._generation:
+                return
+        try:
+            buffers, error = self._fetch(unit), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader in take()
+            buffers, error = [None] * len(keys), exc
+        with self._cond:
+            for k, e, buf in zip(keys, entries, buffers):
+                e.done = True
+                if generation != self._generation or self._entries.get(k) is not e:
+                    continue  # replaced or released meanwhile: the bytes are not kept
+                e.data, e.error = buf, error
+                if e.pos < self._reader_pos:
+                    self._release(self._entries.pop(k))
+            self._cond.notify_all()
 
 
 def group_frames(

@@ -31,3 +31,45 @@ def test_units_cover_the_frames_once_in_order(sizes, cap, data):
     for u in units:
         assert u.stop - u.first == 1 or comp[u.first : u.stop].sum() <= cap
         assert u.nbytes == 2 * comp[u.first : u.stop].sum()
+
+
+class _Frame(bytearray):
+    """A frame buffer that can be watched with a weak reference."""
+
+
+def test_taken_and_passed_frames_are_freed_at_once():
+    """Once the reader took a frame (or moved past it), no fetch thread keeps its bytes: the
+    budget bounds what a reader holds, so a finished unit must not stay alive in a thread."""
+    import gc
+    import time
+    import weakref
+
+    from streamforge.storage.prefetch import Prefetcher
+
+    made: list[weakref.ref] = []
+
+    def fetch(unit):
+        out = [_Frame(1000) for _ in range(unit.first, unit.stop)]
+        made.extend(weakref.ref(b) for b in out)
+        return out
+
+    pf = Prefetcher(fetch, budget=10_000, threads=3)
+    units = [FetchUnit(i, 0, 2 * i, 2 * i + 2, 2000) for i in range(12)]
+    pf.plan(units)
+    try:
+        for u in units:
+            got = pf.take((0, u.first), (u.range_idx, u.first))  # frame u.stop-1 is passed
+            assert isinstance(got, _Frame)
+            del got
+        assert isinstance(pf.take((0, 23), (11, 23)), _Frame)  # the last frame, taken too
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            gc.collect()
+            alive = [r for r in made if r() is not None]
+            if not alive:
+                break
+            time.sleep(0.01)
+        assert len(made) == 24
+        assert alive == [], f"{len(alive)} frame buffers still alive after the reader took or passed them"
+    finally:
+        pf.close()
