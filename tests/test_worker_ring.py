@@ -1,0 +1,84 @@
+"""The shared-memory ring that carries a worker process's batches to the main process."""
+
+import numpy as np
+import pytest
+
+from streamforge.batch import RowBatch
+from streamforge.workers import _Ring, _Rings
+
+
+def _rows(seed: int, pieces: int = 3, rows: int = 2, width: int = 9) -> RowBatch:
+    rng = np.random.default_rng(seed)
+    return RowBatch(
+        tokens=rng.integers(0, 60000, (rows, width)).astype(np.uint16),
+        lookahead=rng.integers(0, 2, rows).astype(bool),
+        start=np.sort(rng.integers(0, rows * (width - 1), pieces)).astype(np.int64),
+        length=rng.integers(1, 5, pieces).astype(np.int64),
+        stream=rng.integers(0, 3, pieces).astype(np.int16),
+        shard=rng.integers(0, 9, pieces).astype(np.int32),
+        record=rng.integers(0, 99, pieces).astype(np.int64),
+        token_start=rng.integers(0, 99, pieces).astype(np.int64),
+        continues=rng.integers(0, 2, pieces).astype(bool),
+    )
+
+
+def _message(seed: int, count: int, **kw) -> list[tuple]:
+    return [("batch", 0, seed * 10 + i, _rows(seed * 10 + i, **kw), {"step": i}, None, None) for i in range(count)]
+
+
+def _same(a: RowBatch, b: RowBatch) -> None:
+    for name in RowBatch.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
+
+
+def test_messages_come_out_equal_through_every_slot_twice():
+    ring, rings = _Ring(0, slots=3, slot_bytes=4096), _Rings()
+    kinds = []
+    for seed in range(8):  # the first travels whole, the next seven wrap around the ring
+        sent = _message(seed, 1 + seed % 3)
+        shipped = ring.ship([item[:3] + (_copy(item[3]),) + item[4:] for item in sent])
+        kinds.append(shipped[0])
+        got = rings.receive(shipped)
+        assert [g[:3] + g[4:] for g in got] == [s[:3] + s[4:] for s in sent]
+        for g, s in zip(got, sent):
+            _same(g[3], s[3])
+    assert kinds == ["whole"] + ["ring"] * 7
+    # what came out is a private copy: writing the slot again does not change it
+    kept = got[0][3].tokens.copy()
+    ring.ship(_message(99, 1))
+    ring.memory[_Ring.HEADER:] = 0
+    assert np.array_equal(got[0][3].tokens, kept)
+
+
+def test_a_message_larger_than_a_slot_travels_whole():
+    ring, rings = _Ring(0, slots=2, slot_bytes=256), _Rings()
+    rings.receive(ring.ship(_message(0, 1)))
+    big = _message(1, 2, pieces=50)
+    shipped = ring.ship(big)
+    assert shipped[0] == "whole"
+    _same(rings.receive(shipped)[1][3], big[1][3])
+
+
+def test_a_slot_never_acknowledged_makes_the_message_travel_whole(monkeypatch):
+    monkeypatch.setattr(_Ring, "WAIT", 0.05)
+    ring = _Ring(0, slots=2, slot_bytes=4096)
+    ring.ship(_message(0, 1))  # whole
+    assert [ring.ship(_message(s, 1))[0] for s in (1, 2, 3)] == ["ring", "ring", "whole"]
+
+
+def _copy(rows: RowBatch) -> RowBatch:
+    return RowBatch(**{name: getattr(rows, name).copy() for name in RowBatch.__dataclass_fields__})
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_token_dtypes_survive(dtype):
+    ring, rings = _Ring(0, slots=2, slot_bytes=8192), _Rings()
+    rings.receive(ring.ship(_message(0, 1)))
+    sent = _message(1, 2)
+    for item in sent:
+        item[3].tokens = item[3].tokens.astype(dtype)
+    expected = [_copy(item[3]) for item in sent]
+    got = rings.receive(ring.ship(sent))
+    for g, e in zip(got, expected):
+        _same(g[3], e)
