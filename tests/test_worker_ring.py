@@ -1,10 +1,14 @@
-"""The shared-memory ring that carries a worker process's batches to the main process."""
+"""Worker processes: the shared-memory ring that carries their batches to the main process,
+and how they are started."""
+
+import gc
 
 import numpy as np
 import pytest
+import torch
 
 from streamforge.batch import RowBatch
-from streamforge.workers import _Ring, _Rings
+from streamforge.workers import _Ring, _Rings, _start_workers
 
 
 def _rows(seed: int, pieces: int = 3, rows: int = 2, width: int = 9) -> RowBatch:
@@ -82,3 +86,31 @@ def test_token_dtypes_survive(dtype):
     got = rings.receive(ring.ship(sent))
     for g, e in zip(got, expected):
         _same(g[3], e)
+
+
+class _FreezeCount(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("user_froze", [False, True])
+def test_workers_start_with_the_trainers_objects_frozen_and_the_trainer_gets_them_back(user_froze):
+    """A forked worker must not walk (and copy) the trainer's objects in its first full
+    collection; the trainer's own collector is left as it was."""
+    gc.unfreeze()
+    if user_froze:
+        gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        loader = torch.utils.data.DataLoader(_FreezeCount(), batch_size=None, num_workers=1,
+                                             multiprocessing_context="fork")
+        iterator = _start_workers(loader)
+        # the trainer's collector is as it was (frozen objects that died meanwhile are gone)
+        assert gc.get_freeze_count() == 0 if not user_froze else gc.get_freeze_count() > before // 2
+        in_worker = next(iterator)
+        assert in_worker > 0
+        if not user_froze:
+            assert in_worker > 1000  # the trainer's objects, not a handful
+        iterator._shutdown_workers()
+    finally:
+        gc.unfreeze()
