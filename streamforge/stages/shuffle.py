@@ -185,14 +185,22 @@ class ShuffleBuffer:
                           self.global_worker, self.window_idx, *extra)
 
     def _layout(self, order, lens, shard, record, pieces, dtype, skip: int) -> None:
-        """Concatenate the documents in emission order, EOS after each (one copy)."""
+        """Join the documents in emission order, EOS after each, in one copy: ``bytes.join``
+        with the EOS as separator (``np.concatenate`` over documents and EOS pieces cost about
+        twice as much, and more under the fetch threads' contention for the GIL). The window's
+        tokens are read-only."""
         out_lens = lens.copy()
-        if self.eos_id is not None:
-            # an empty piece is a record the source skipped as damaged: it gets no EOS either
-            eos = np.array([self.eos_id], dtype).view(np.uint8)
-            pieces = [p for piece in pieces for p in ((piece, eos) if len(piece) else ())]
-            out_lens[skip:] += lens[skip:] > 0
-        self.tokens = np.concatenate(pieces).view(dtype) if pieces else np.zeros(0, dtype)
+        if self.eos_id is None:
+            joined = b"".join(pieces)
+        else:
+            eos = np.array([self.eos_id], dtype).tobytes()
+            nonempty = lens[skip:] > 0
+            if nonempty.all():
+                joined = eos.join(pieces + [b""]) if pieces else b""
+            else:  # an empty piece is a record the source skipped as damaged: it gets no EOS
+                joined = b"".join([p for piece in pieces for p in ((piece, eos) if len(piece) else ())])
+            out_lens[skip:] += nonempty
+        self.tokens = np.frombuffer(joined, dtype)
         self.offsets = np.zeros(len(order) + 1, np.int64)
         np.cumsum(out_lens, out=self.offsets[1:])
         self.shard = shard[order]
