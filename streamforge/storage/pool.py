@@ -54,10 +54,14 @@ class DaemonPool:
             item = self._queue.get()
             if item is None:
                 return
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
-                future.set_exception(exc)
+            self._run(*item)
+            item = None  # a thread waiting for work holds nothing of its last job (a read's bytes)
+
+    @staticmethod
+    def _run(future: Future, fn: Callable[..., Any], args: tuple) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
