@@ -74,18 +74,6 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
-def _row_begin(size: int, seq_len: int) -> np.ndarray:
-    """Start of the row of every flat position (cached per shape)."""
-    key = (size, seq_len)
-    cached = _ROW_BEGIN.get(key)
-    if cached is None:
-        cached = _ROW_BEGIN[key] = (_arange(size) // seq_len) * seq_len
-    return cached
-
-
-_ROW_BEGIN: dict[tuple[int, int], np.ndarray] = {}
-
-
 def _tiled_fields(batch: RowBatch, rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Positions, doc ids and source ids of a batch without padding. The pieces are first cut
     at row starts into segments (a few dozen), whose fields are constants or ramps: one

@@ -10,12 +10,13 @@ one trip through torch's worker queue (pickling, a pipe, the queue's feeder thre
 by several batches, and the first batch is not held back. A worker whose share is done
 answers with end markers instead of stopping, so torch's round-robin never reshuffles.
 
-Token arrays do not travel through the queue's pipe: each worker process writes them into a
-ring of shared memory (``_Ring``, sent to the main process once, with its first message) and
-the message carries where they are; the main process copies them out and acknowledges the
-slot. The pipe then carries about 1 KB per batch instead of the batch's tokens, and a message
-costs no shared-memory hand-over of its own (about 4 ms each, as a shared tensor per message
-was measured to cost). A message that cannot get a slot in time travels whole, pickled.
+A batch's arrays do not travel through the queue's pipe: each worker process writes them into
+a ring of shared memory (``_Ring``, handed to the main process once, with the first message
+that uses it) and the message carries where they are; the main process copies them out and
+acknowledges the slot. The pipe then carries about 1 KB per batch instead of the batch's
+tokens, and a message costs no shared-memory hand-over of its own (about 4 ms each, as a
+shared tensor per message was measured to cost). A worker's first message, and one that
+cannot get a slot in time, travel whole, pickled.
 
 Threads instead of processes were measured and lose on this kind of machine: two pipelines
 on threads of one process ran at 27M tokens/s against 36-48M for two processes and about
@@ -30,12 +31,11 @@ import gc
 import math
 import time
 from collections import deque
-
-import numpy as np
-import torch
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .batch import RowBatch
