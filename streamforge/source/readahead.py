@@ -57,7 +57,8 @@ class ReadAhead:
             return
         self._indexes_ahead(self._plan)
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher(self._fetch_unit, config.prefetch_bytes, config.prefetch_threads)
+            self.prefetcher = Prefetcher(self._fetch_unit, config.prefetch_bytes, config.prefetch_threads,
+                                         held=_held_bytes)
         self.prefetcher.plan(self._units(list(self._plan)))
 
     def extend(self, ranges: Iterable[tuple[int, int, int]]) -> None:
@@ -169,3 +170,9 @@ class ReadAhead:
                 self._plan_cursor = j
                 return j
         return None
+
+
+def _held_bytes(item) -> int:
+    """Bytes a fetched frame keeps: its decoded bytes, and its compressed ones where kept."""
+    buf, _, raw = item
+    return (len(raw) if raw is not None else 0) + (len(buf) if buf is not None else 0)

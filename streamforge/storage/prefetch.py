@@ -21,7 +21,7 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 Key = tuple[int, int]  # (shard, frame)
 Pos = tuple[int, int]  # (index of the planned range, frame): the reader's order
@@ -53,8 +53,14 @@ class _Entry:
 class Prefetcher:
     """Fetches planned units ahead of the reader; one per reader, started lazily."""
 
-    def __init__(self, fetch: Callable[[FetchUnit], list], budget: int, threads: int) -> None:
+    def __init__(
+        self, fetch: Callable[[FetchUnit], list], budget: int, threads: int,
+        held: Callable[[Any], int] | None = None,
+    ) -> None:
         self._fetch = fetch  # unit -> list of per-frame buffers, in frame order
+        # bytes a fetched buffer holds: once a unit is fetched, its frames count what they
+        # hold instead of the unit's estimate (a frame kept decoded only counts its raw bytes)
+        self._held_by = held
         self.budget = budget
         self.threads = threads
         self._cond = threading.Condition()
@@ -268,6 +274,10 @@ class Prefetcher:
                 e.data, e.error = buf, error
                 if e.pos < self._reader_pos:
                     self._release(self._entries.pop(k))
+                elif self._held_by is not None and error is None:
+                    held = self._held_by(buf)
+                    self._held += held - e.nbytes
+                    e.nbytes = held
             self._cond.notify_all()
 
 

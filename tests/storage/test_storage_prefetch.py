@@ -73,3 +73,30 @@ def test_taken_and_passed_frames_are_freed_at_once():
         assert alive == [], f"{len(alive)} frame buffers still alive after the reader took or passed them"
     finally:
         pf.close()
+
+
+def test_fetched_frames_count_what_they_hold_against_the_budget():
+    """A unit is planned at an estimate (compressed plus decoded bytes); once fetched, its
+    frames count what they keep, so the budget buys as much read-ahead as it says."""
+    import time
+
+    from streamforge.storage.prefetch import Prefetcher
+
+    def fetch(unit):
+        return [bytes(100) for _ in range(unit.first, unit.stop)]
+
+    pf = Prefetcher(fetch, budget=2_700, threads=2, held=len)
+    units = [FetchUnit(i, 0, 2 * i, 2 * i + 2, 1_000) for i in range(8)]  # estimate 500 a frame
+    pf.plan(units)
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and pf.held_bytes != 16 * 100:
+            time.sleep(0.01)
+        # all 8 units fit: 16 frames of 100 bytes, though their estimates sum to 8,000
+        assert pf.held_bytes == 16 * 100
+        for u in units:
+            assert pf.take((0, u.first), (u.range_idx, u.first)) == bytes(100)
+        assert pf.take((0, 15), (7, 15)) == bytes(100)
+        assert pf.held_bytes == 0
+    finally:
+        pf.close()
