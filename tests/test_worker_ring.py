@@ -114,3 +114,17 @@ def test_workers_start_with_the_trainers_objects_frozen_and_the_trainer_gets_the
         iterator._shutdown_workers()
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_workers_started_without_fork_hand_over_the_same_batches(tmp_path, context):
+    """The ring reaches the main process by torch's fd hand-over, which needs no fork: workers
+    that import everything afresh give the batches of forked ones."""
+    from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+
+    corpus = make_corpus(tmp_path, np.random.default_rng(3))
+    ds = dataset(corpus, weights=[0.5, 0.3, 0.2])
+    reference = take(loader(ds, num_workers=2, batch_size=4, multiprocessing_context="fork"))
+    got = take(loader(ds, num_workers=2, batch_size=4, multiprocessing_context=context))
+    assert len(reference) > 20
+    assert_batches_equal(got, reference)
