@@ -229,7 +229,7 @@ class StreamingLoader(Checkpointing):
             self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
             None if plan is None else self._quotas(), states, self._batch % self.num_logical, self.batch_size,
             self._work_plan(), per_message(self.batch_size, cfg.seq_len, self.dataset.token_dtype.itemsize),
-            (cfg.seq_len + 1) * self.dataset.token_dtype.itemsize, ring_slots(self.prefetch_factor),
+            ring_slots(self.prefetch_factor),
         )
 
     def _steps_left(self) -> int | None:

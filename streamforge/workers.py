@@ -56,8 +56,12 @@ class _Job:
     batch_size: int
     plan: Any = None  # an evaluation pass's plan (its rows are dealt in it)
     per_message: int = 1  # batches a worker process sends in one message
-    row_bytes: int = 0  # bytes of one row's tokens (seq_len + 1 tokens)
     ring_slots: int = 3  # slots of a worker's shared ring (prefetch_factor + 1)
+
+    def slot_bytes(self) -> int:
+        """A ring slot holds a whole message: its tokens, and as much again for its pieces."""
+        row_bytes = (self.dataset.config.seq_len + 1) * self.dataset.token_dtype.itemsize
+        return 2 * self.per_message * self.batch_size * row_bytes + (64 << 10)
 
     def pipeline(self, logical: int):
         """Logical worker ``logical``'s pipeline, restored from its saved state if any."""
@@ -113,8 +117,7 @@ class _WorkerBatches(IterableDataset):
         info = get_worker_info()
         logical = (info.id + job.rotation) % job.num_logical
         pipeline = job.pipeline(logical)
-        # a slot holds a whole message: its tokens, and as much again for its pieces' arrays
-        ring = _Ring(info.id, job.ring_slots, 2 * job.per_message * job.batch_size * job.row_bytes + (64 << 10))
+        ring = _Ring(info.id, job.ring_slots, job.slot_bytes())
         message: list[tuple] = []
         size = 1  # the first message holds one batch, the next ones twice as many, up to per_message
         try:

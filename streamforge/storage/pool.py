@@ -15,6 +15,17 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 
+def serve(jobs: queue.Queue | queue.SimpleQueue, handle: Callable[..., Any]) -> None:
+    """A background thread's loop: ``handle(*job)`` for each job until a None arrives. A thread
+    waiting for its next job holds nothing of its last one (a read's bytes, a fetched unit)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        handle(*job)
+        job = None
+
+
 class DaemonPool:
     def __init__(self, threads: int, name: str) -> None:
         self.threads = threads
@@ -50,12 +61,7 @@ class DaemonPool:
                 self._queue.put(None)
 
     def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            self._run(*item)
-            item = None  # a thread waiting for work holds nothing of its last job (a read's bytes)
+        serve(self._queue, self._run)
 
     @staticmethod
     def _run(future: Future, fn: Callable[..., Any], args: tuple) -> None:

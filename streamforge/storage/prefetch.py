@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
+from .pool import serve
+
 Key = tuple[int, int]  # (shard, frame)
 Pos = tuple[int, int]  # (index of the planned range, frame): the reader's order
 _END: Pos = (1 << 62, 0)
@@ -251,12 +253,7 @@ class Prefetcher:
         return keys, entries
 
     def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            self._complete(*item)
-            item = None  # a thread waiting for its next unit holds no bytes of its last one
+        serve(self._queue, self._complete)
 
     def _complete(self, generation: int, unit: FetchUnit, keys: list[Key], entries: list[_Entry]) -> None:
         with self._cond:
