@@ -52,14 +52,18 @@ class ReadAhead:
         for i, (s, _, _) in enumerate(self._plan):
             self._plan_by_shard.setdefault(s, []).append(i)
         self._plan_cursor = 0
-        config = self.source.config
-        if config.prefetch_bytes <= 0:
+        budget, threads = self.budget()
+        if budget <= 0:
             return
         self._indexes_ahead(self._plan)
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher(self._fetch_unit, config.prefetch_bytes, config.prefetch_threads,
-                                         held=_held_bytes)
+            self.prefetcher = Prefetcher(self._fetch_unit, budget, threads, held=_held_bytes)
         self.prefetcher.plan(self._units(list(self._plan)))
+
+    def budget(self) -> tuple[int, int]:
+        """(bytes, threads) of read-ahead: the config's, or its defaults for where the stream
+        lives (``StorageConfig.read_ahead``)."""
+        return self.source.config.read_ahead(self.source.fetcher.local)
 
     def extend(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Append ``ranges`` (read after every planned one) without dropping what is
@@ -112,8 +116,7 @@ class ReadAhead:
         return out
 
     def _units(self, plan: list[tuple[int, int, int]], first_idx: int = 0) -> Iterator[FetchUnit]:
-        config = self.source.config
-        cap = max(1, min(config.request_bytes, config.prefetch_bytes // 2))
+        cap = max(1, min(self.source.config.request_bytes, self.budget()[0] // 2))
         last = None
         for i, (shard, start, stop) in enumerate(plan, first_idx):
             if stop <= start:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..errors import ShardCorruptError
 from .config import HedgePolicy, RetryPolicy
 from .hedge import Hedger
-from .open import join, open_url, protocol_of
+from .open import is_local, join, open_url
 from .retry import Retrier, ShortRead
 
 
@@ -58,8 +58,8 @@ class ByteFetcher:
         self.storage_options = dict(storage_options or {})
         self.policy = retry or RetryPolicy()
         self.retrier = Retrier(self.policy)
-        remote = protocol_of(self.url) not in ("file", "local", "memory")
-        self.hedger = Hedger(hedge or HedgePolicy()) if remote else None
+        self.local = is_local(self.url)
+        self.hedger = None if self.local else Hedger(hedge or HedgePolicy())
         self.stats = FetchStats()
         self._fs = None
         self._path = None

@@ -24,6 +24,15 @@ def protocol_of(url: str) -> str:
     return {"s3a": "s3", "gcs": "gs"}.get(protocol, protocol)
 
 
+LOCAL_PROTOCOLS = ("file", "local", "memory")
+
+
+def is_local(url: str) -> bool:
+    """True for paths on this machine's file systems (and fsspec's in-memory one): a read
+    costs microseconds, not a network round trip."""
+    return protocol_of(url) in LOCAL_PROTOCOLS
+
+
 def client_defaults(url: str, policy: RetryPolicy | None) -> dict[str, Any]:
     """storage_options defaults that hand retries and timeouts to streamforge."""
     if policy is None:

@@ -131,6 +131,26 @@ def test_config_is_validated():
         RetryPolicy(jitter=2.0)
 
 
+def test_read_ahead_defaults_follow_the_backend(corpus, docs):
+    """Unset, the read-ahead budget and threads are chosen by where the stream lives: a
+    shallow one-thread read-ahead for local files, a deep one for an object store. Set, they
+    are used as given, anywhere."""
+    _, url, opts, _ = corpus
+    local = not url.startswith("s3://")
+    source = ShardSource.open(url, opts, config(prefetch_bytes=None, prefetch_threads=None))
+    assert source.fetcher.local is local
+    assert same(tokens_of(read_all(source)), docs)
+    pf = source._readahead.prefetcher
+    assert (pf.budget, pf.threads) == ((4 << 20, 1) if local else (64 << 20, 4))
+    source.close()
+    assert StorageConfig(prefetch_bytes=1 << 20, prefetch_threads=3).read_ahead(local) == (1 << 20, 3)
+    assert StorageConfig(prefetch_bytes=0).read_ahead(local)[0] == 0
+    with pytest.raises(ConfigError, match="prefetch_threads"):
+        StorageConfig(prefetch_threads=0)
+    with pytest.raises(ConfigError, match="prefetch_bytes"):
+        StorageConfig(prefetch_bytes=-1)
+
+
 def test_manifest_load_is_one_request(corpus):
     _, url, opts, manifest = corpus
     loaded = Manifest.load(url, opts)
