@@ -62,6 +62,7 @@ class PipelineConfig:
     seq_len: int
     seed: int
     shuffle_buffer: int
+    shuffle_warmup: int
     packing: str
     boundary: str
     eos_id: int | None
@@ -75,12 +76,24 @@ class PipelineConfig:
             raise ConfigError(f"seq_len must be >= 1, got {self.seq_len}")
         if self.shuffle_buffer < 1:
             raise ConfigError(f"shuffle_buffer must be >= 1 document, got {self.shuffle_buffer}")
+        if self.shuffle_warmup < 0:
+            raise ConfigError(f"shuffle_warmup must be >= 0 documents (0: no warm-up), got {self.shuffle_warmup}")
         if self.packing not in MODES:
             raise ConfigError(f"packing must be one of {MODES}, got {self.packing!r}")
         if self.boundary not in BOUNDARIES:
             raise ConfigError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
         if self.bestfit_window < 1:
             raise ConfigError(f"bestfit_window must be >= 1, got {self.bestfit_window}")
+
+
+def _config_fields(config: PipelineConfig) -> dict[str, Any]:
+    """The config as saved in states. ``shuffle_warmup`` is left out when 0, so a state
+    saved before it existed (all its windows full) has the fingerprint of a loader with
+    ``shuffle_warmup=0`` and resumes there exactly."""
+    out = asdict(config)
+    if not out["shuffle_warmup"]:
+        del out["shuffle_warmup"]
+    return out
 
 
 def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -124,6 +137,7 @@ class PackedTokenDataset(IterableDataset):
         seq_len: int,
         seed: int = 0,
         shuffle_buffer: int = 8192,
+        shuffle_warmup: int = 256,
         packing: str = "concat",
         boundary: str = "document",
         eos_id: int | None = None,
@@ -173,6 +187,7 @@ class PackedTokenDataset(IterableDataset):
         eos = self._resolve_eos(eos_id)
         self.config = PipelineConfig(
             seq_len=int(seq_len), seed=int(seed), shuffle_buffer=int(shuffle_buffer),
+            shuffle_warmup=int(shuffle_warmup),
             packing=packing, boundary=boundary, eos_id=eos, pad_id=int(pad_id),
             infinite=bool(infinite), provenance=bool(provenance), bestfit_window=int(bestfit_window),
         )
@@ -280,7 +295,7 @@ class PackedTokenDataset(IterableDataset):
             ],
             "mixture": self.schedule.describe(),
             "world_size": self.world_size,
-            **asdict(self.config),
+            **_config_fields(self.config),
             **({"evaluation": True, "eval_tokens": self.eval_tokens} if self.evaluation else {}),
         }
 
@@ -345,7 +360,7 @@ class WorkerPipeline:
             buffers.append(ShuffleBuffer(
                 reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                 global_worker=self.global_worker, eos_id=eos, windows_for=windows_for,
-                generation=dataset.resume_generation,
+                generation=dataset.resume_generation, warmup=cfg.shuffle_warmup,
             ))
             self.sources.append(source)
         self.buffers = buffers

@@ -92,7 +92,7 @@ def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned, ge
                              infinite=False, first_pass=pass_idx)
         out.append(ShuffleBuffer(reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                                  global_worker=g, eos_id=cfg.eos_id if dataset.eos_appended[i] else None,
-                                 windows_for=windows_for, generation=generation))
+                                 windows_for=windows_for, generation=generation, warmup=cfg.shuffle_warmup))
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from .dataset import WorkerPipeline
 from .plan import records_at, trim_ranges
 from .stages.read import ShardReader
-from .stages.shuffle import ShuffleBuffer
+from .stages.shuffle import ShuffleBuffer, window_size
 
 
 def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, float]], list[str]]:
@@ -108,7 +108,9 @@ def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: i
     if (saved.get("remaining") or {}).get("work"):
         return [None] * len(dataset.streams)
     names = {s["name"]: j for j, s in enumerate(saved["config"].get("streams", []))}
-    size = dataset.config.shuffle_buffer
+    # the saved workers' windows had the saved sizes (a state from before the warm-up had none)
+    saved_cfg = saved["config"]
+    size, warmup = int(saved_cfg.get("shuffle_buffer", dataset.config.shuffle_buffer)), int(saved_cfg.get("shuffle_warmup", 0))
     new_g = dataset.world_size * num_logical
     planner = dataset.planner
     out: list[tuple[int, int] | None] = []
@@ -133,7 +135,7 @@ def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: i
             before = ShardReader.position(buffer["reader"], ranges)
             certain += _prefix(ranges, before)
             if buffer["loaded"]:
-                maybe += _prefix(trim_ranges(ranges, before), size)
+                maybe += _prefix(trim_ranges(ranges, before), window_size(size, warmup, int(buffer["window"])))
         skipped = []
         for h in range(new_g):
             ranges = planner.worker_ranges(i, pass_idx, new_g, h)

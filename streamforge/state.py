@@ -158,12 +158,15 @@ def merge_states(states: Sequence[Any]) -> dict[str, Any]:
     return pack_state(merged)
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+# what a config field meant before it was saved: a missing key has that value
+_ABSENT_MEANS = {"shuffle_warmup": 0}
 
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Human-readable differences between two loader configs, one line per field."""
     out = []
     for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
+        a, b = saved.get(key, _ABSENT_MEANS.get(key)), current.get(key, _ABSENT_MEANS.get(key))
         if key == "streams" and isinstance(a, list) and isinstance(b, list):
             out.extend(_stream_differences(a, b))
         elif a != b:

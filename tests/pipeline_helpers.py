@@ -39,6 +39,7 @@ def dataset(corpus, weights=None, **kwargs):
     streams = [Stream(corpus[n][0], weight=w, name=n) for n, w in zip(names, weights)]
     kwargs.setdefault("seq_len", 64)
     kwargs.setdefault("shuffle_buffer", 32)
+    kwargs.setdefault("shuffle_warmup", 4)  # windows of 4, 8, 16, then 32 documents in every pass
     return PackedTokenDataset(streams, **kwargs)
 
 

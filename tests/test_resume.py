@@ -119,7 +119,7 @@ def test_resume_in_a_new_process(corpus, tmp_path):
         from streamforge import PackedTokenDataset, Stream, StreamingLoader
         urls = {urls!r}
         streams = [Stream(urls[n], weight=w, name=n) for n, w in zip(urls, [0.5, 0.3, 0.2])]
-        ds = PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32, provenance=True)
+        ds = PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32, shuffle_warmup=4, provenance=True)
         ldr = StreamingLoader(ds, batch_size=2, num_workers=2)
         ldr.load_state_dict(json.load(open({str(tmp_path / "state.json")!r})))
         assert ldr.resume_report.mode == "exact", str(ldr.resume_report)

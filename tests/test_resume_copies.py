@@ -27,7 +27,8 @@ def test_state_from_local_copy_resumes_on_s3_copy(tmp_path, s3_bucket):
     take(first, 13)
     state = json.loads(json.dumps(first.state_dict()))
     streams = [Stream(f"s3://{bucket}/{n}", weight=w, name=n, storage_options=opts) for n, w in (("web", 0.6), ("code", 0.4))]
-    on_s3 = StreamingLoader(PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32), batch_size=2, num_workers=2)
+    on_s3 = StreamingLoader(PackedTokenDataset(streams, seq_len=64, shuffle_buffer=32, shuffle_warmup=4), batch_size=2,
+                            num_workers=2)
     on_s3.load_state_dict(state)
     assert on_s3.resume_report.mode == "exact"
     assert_batches_equal(take(on_s3, 27), reference[13:40])

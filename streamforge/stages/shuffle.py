@@ -4,6 +4,12 @@ The buffer reads a window of ``size`` documents from its reader, permutes them w
 derived from (seed, stream, pass, global worker, window), and hands them out in that order,
 token by token if the consumer wants (a document may be split across blocks).
 
+Windows grow at the start of each pass: with ``warmup`` set, window k of a pass holds
+``min(size, warmup * 2**k)`` documents (256, 512, ... 8192 by default), so the first batch
+waits for a few hundred documents, not for ``size`` (a window must be read whole before its
+first document leaves). Window sizes are a function of the window number alone, so a saved
+state and an elastic re-plan find the same windows.
+
 The permutation is computed from the records' lengths in the shard indexes, before any token
 is read. State is the reader's cursor at the window start, the window number, and how far
 into the window the consumer is (``pos`` documents plus ``token_offset`` tokens of the next
@@ -67,11 +73,15 @@ class ShuffleBuffer:
         eos_id: int | None,
         windows_for: Callable[[int], list] | None = None,
         generation: int = 0,
+        warmup: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError(f"shuffle buffer size must be >= 1, got {size}")
+        if warmup < 0:
+            raise ValueError(f"shuffle warm-up must be >= 0, got {warmup}")
         self.reader = reader
         self.size = size
+        self.warmup = warmup
         self.seed = seed
         self.stream_key = stream_key
         self.global_worker = global_worker
@@ -81,6 +91,10 @@ class ShuffleBuffer:
         self._window_start = reader.state_dict()
         self.window_idx = self._first_window(reader.pass_idx)  # within the pass: loaded or next
         self._clear()
+
+    def window_size(self, window: int | None = None) -> int:
+        """Documents in window ``window`` of a pass (the current one by default)."""
+        return window_size(self.size, self.warmup, self.window_idx if window is None else window)
 
     def _first_window(self, pass_idx: int) -> int:
         """-k when the pass starts with k saved windows' rests, else 0."""
@@ -139,7 +153,7 @@ class ShuffleBuffer:
         the window's end either way (a ``unit`` leaves it alone).
         """
         reading = unit is None
-        ranges = self.reader.peek_ranges(self.size) if reading else [tuple(r) for r in unit["ranges"]]
+        ranges = self.reader.peek_ranges(self.window_size()) if reading else [tuple(r) for r in unit["ranges"]]
         source = self.reader.source
         if reading and skip == 0:
             self.reader.announce()  # indexes and frames start coming while the window is laid out
@@ -156,7 +170,7 @@ class ShuffleBuffer:
             )
         wanted = order[skip:]
         if skip == 0 and reading:
-            docs = self.reader.read(self.size)
+            docs = self.reader.read(self.window_size())
         else:
             runs = _frame_runs(source, shard[np.sort(wanted)], record[np.sort(wanted)], ranges)
             plan_reads = getattr(source, "plan_reads", None)
@@ -337,7 +351,7 @@ class ShuffleBuffer:
                 raise ResumeMismatchError(f"{where}: pos {pos} is before where resumed window "
                                           f"{self.window_idx} starts ({item['pos']})")
             return
-        shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.size))
+        shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.window_size()))
         order = _nonempty_order(lengths, self._key())
         if pos >= len(order):
             raise ResumeMismatchError(f"{where}: pos {pos} is outside window {self.window_idx} of {len(order)} documents")
@@ -401,7 +415,7 @@ class ShuffleBuffer:
                 units.append(self._unit(item["ranges"], int(item["key"]), pos if current else int(item["pos"]),
                                         offset if current else int(item["offset"])))
         elif loaded:
-            ranges = self.reader.peek_ranges(self.size)
+            ranges = self.reader.peek_ranges(self.window_size())
             units.append(self._unit(ranges, self._key(), pos, offset))
             self.reader.skip(sum(b - a for _, a, b in ranges))
         return pass_idx, self.reader.unread(), [u for u in units if u["docs"]]
@@ -419,6 +433,15 @@ class ShuffleBuffer:
         if not self.loaded:
             return []
         return list(zip(self._shard_list[self.pos :], self._record_list[self.pos :]))
+
+
+def window_size(size: int, warmup: int, window: int) -> int:
+    """Documents in window ``window`` of a pass: ``size``, or while warming up (``warmup`` >
+    0) ``warmup * 2**window`` up to ``size``. A saved window's rest (``window`` < 0) keeps its
+    own ranges."""
+    if warmup <= 0 or window < 0:
+        return size
+    return min(size, warmup << min(window, 63))
 
 
 def _window_records(source, ranges):
