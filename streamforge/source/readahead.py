@@ -10,6 +10,7 @@ position in the plan.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from typing import TYPE_CHECKING, Iterable, Iterator
 
@@ -17,7 +18,7 @@ import zstandard
 
 from ..format.frames import ShardIndex, decode_frame
 from ..storage.pool import DaemonPool
-from ..storage.prefetch import FetchUnit, Prefetcher, group_frames
+from ..storage.prefetch import FetchUnit, Prefetcher, group_frames, ramp
 
 if TYPE_CHECKING:
     from .shard_source import ShardSource
@@ -58,7 +59,7 @@ class ReadAhead:
         self._indexes_ahead(self._plan)
         if self.prefetcher is None:
             self.prefetcher = Prefetcher(self._fetch_unit, budget, threads, held=_held_bytes)
-        self.prefetcher.plan(self._units(list(self._plan)))
+        self.prefetcher.plan(self._units(list(self._plan), ramp_up=True))
 
     def budget(self) -> tuple[int, int]:
         """(bytes, threads) of read-ahead: the config's, or its defaults for where the stream
@@ -115,8 +116,11 @@ class ReadAhead:
             out.append(pf.take((shard, f), (j, f)))
         return out
 
-    def _units(self, plan: list[tuple[int, int, int]], first_idx: int = 0) -> Iterator[FetchUnit]:
+    def _units(self, plan: list[tuple[int, int, int]], first_idx: int = 0, ramp_up: bool = False) -> Iterator[FetchUnit]:
+        """Fetch units of ``plan``; a new plan's (``ramp_up``) start small and double (``ramp``),
+        an extension's are full size at once."""
         cap = max(1, min(self.source.config.request_bytes, self.budget()[0] // 2))
+        caps = ramp(cap) if ramp_up else itertools.repeat(cap)
         last = None
         for i, (shard, start, stop) in enumerate(plan, first_idx):
             if stop <= start:
@@ -133,7 +137,7 @@ class ReadAhead:
             if last == (shard, first):
                 first += 1  # planned already as the previous range's last frame
             frames = index.frames
-            yield from group_frames(i, shard, first, end, frames["comp_size"], frames["raw_size"], cap)
+            yield from group_frames(i, shard, first, end, frames["comp_size"], frames["raw_size"], caps)
             last = (shard, end - 1)
 
     def _fetch_unit(self, unit: FetchUnit) -> list:

@@ -30,6 +30,9 @@ Pos = tuple[int, int]  # (index of the planned range, frame): the reader's order
 _END: Pos = (1 << 62, 0)
 
 
+FIRST_UNIT_BYTES = 256 << 10  # compressed bytes of a new plan's first unit (``ramp``)
+
+
 @dataclass(frozen=True)
 class FetchUnit:
     """Frames ``first..stop-1`` of ``shard``, planned range ``range_idx``: one request."""
@@ -279,16 +282,31 @@ class Prefetcher:
 
 
 def group_frames(
-    range_idx: int, shard: int, first: int, stop: int, comp_sizes, raw_sizes, cap: int
+    range_idx: int, shard: int, first: int, stop: int, comp_sizes, raw_sizes, cap: int | Iterator[int]
 ) -> Iterator[FetchUnit]:
     """Frames ``first..stop-1`` of ``shard`` as units of consecutive frames, each at most
-    ``cap`` compressed bytes (a larger frame is a unit alone). A unit is held compressed and
-    decoded, so its ``nbytes`` counts both against the budget."""
+    ``cap`` compressed bytes (a larger frame is a unit alone); ``cap`` may be an iterator,
+    one cap per unit (``ramp``). A unit is held compressed and decoded, so its ``nbytes``
+    counts both against the budget."""
+    caps = itertools.repeat(cap) if isinstance(cap, int) else cap
     f = first
     while f < stop:
+        cap = next(caps)
         g, nbytes = f, 0
         while g < stop and (g == f or nbytes + int(comp_sizes[g]) <= cap):
             nbytes += int(comp_sizes[g])
             g += 1
         yield FetchUnit(range_idx, shard, f, g, nbytes + int(raw_sizes[f:g].sum()))
         f = g
+
+
+def ramp(cap: int, first: int = FIRST_UNIT_BYTES) -> Iterator[int]:
+    """Caps for the units of a new plan: ``first``, twice that, ... up to ``cap``, then
+    ``cap``. A reader starting or resuming waits for its first unit whole (fetched, then
+    decoded); a full-size first unit (8 MiB from an object store) held the first batch
+    back by the transfer and decode of frames it did not need yet."""
+    size = max(1, min(first, cap))
+    while size < cap:
+        yield size
+        size *= 2
+    yield from itertools.repeat(cap)

@@ -4,7 +4,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamforge.storage.prefetch import FetchUnit, group_frames
+import itertools
+
+from streamforge.storage.prefetch import FetchUnit, group_frames, ramp
 
 
 def test_units_fill_up_to_the_cap_and_a_large_frame_stands_alone():
@@ -14,6 +16,14 @@ def test_units_fill_up_to_the_cap_and_a_large_frame_stands_alone():
     assert [(u.first, u.stop) for u in units] == [(0, 2), (2, 3), (3, 4), (4, 5)]
     assert units[0] == FetchUnit(7, 2, 0, 2, 8 + 24)  # compressed plus decoded bytes
     assert all(u.range_idx == 7 and u.shard == 2 for u in units)
+
+
+def test_a_new_plan_starts_with_small_units():
+    assert list(itertools.islice(ramp(10, first=2), 6)) == [2, 4, 8, 10, 10, 10]
+    assert list(itertools.islice(ramp(3, first=8), 2)) == [3, 3]
+    comp = np.full(8, 4)
+    units = list(group_frames(0, 0, 0, 8, comp, comp, ramp(16, first=4)))
+    assert [(u.first, u.stop) for u in units] == [(0, 1), (1, 3), (3, 7), (7, 8)]
 
 
 @given(
