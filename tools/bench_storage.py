@@ -194,7 +194,8 @@ def report(rows, manifest, args):
         "",
         f"Corpus: {manifest.num_tokens / 1e6:.1f}M uint16 tokens, {manifest.num_shards} shards, "
         f"{manifest.num_bytes / 2**20:.0f} MiB; seq_len {args.seq_len}, batch_size "
-        f"{args.batch_size}, StorageConfig defaults (prefetch_bytes 64 MiB). S3 is moto's "
+        f"{args.batch_size}, StorageConfig defaults (read-ahead: local 4 MiB on one fetch thread, "
+        "S3 64 MiB on four). S3 is moto's "
         f"ThreadedMotoServer on 127.0.0.1 in its own process. Machine: {platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}.",
         "",
