@@ -37,6 +37,7 @@ from .stages.interleave import Interleaver
 from .stages.pack import MODES, Packer
 from .stages.read import ShardReader
 from .stages.shuffle import ShuffleBuffer
+from .state import saved_config
 from .storage.config import StorageConfig
 from .storage.fetch import ByteFetcher
 
@@ -84,16 +85,6 @@ class PipelineConfig:
             raise ConfigError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
         if self.bestfit_window < 1:
             raise ConfigError(f"bestfit_window must be >= 1, got {self.bestfit_window}")
-
-
-def _config_fields(config: PipelineConfig) -> dict[str, Any]:
-    """The config as saved in states. ``shuffle_warmup`` is left out when 0, so a state
-    saved before it existed (all its windows full) has the fingerprint of a loader with
-    ``shuffle_warmup=0`` and resumes there exactly."""
-    out = asdict(config)
-    if not out["shuffle_warmup"]:
-        del out["shuffle_warmup"]
-    return out
 
 
 def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -295,7 +286,8 @@ class PackedTokenDataset(IterableDataset):
             ],
             "mixture": self.schedule.describe(),
             "world_size": self.world_size,
-            **_config_fields(self.config),
+            # shuffle_warmup=0 is left out: states saved before it existed had full windows
+            **saved_config(asdict(self.config)),
             **({"evaluation": True, "eval_tokens": self.eval_tokens} if self.evaluation else {}),
         }
 

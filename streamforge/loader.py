@@ -33,7 +33,7 @@ from .errors import ConfigError
 from .plan import PassPlan
 from .schedule import SkipRanges
 from .state import ResumeReport, fingerprint
-from .workers import _Job, per_message, process_batches, ring_slots
+from .workers import _Job, per_message, process_batches
 
 
 class StreamingLoader(Checkpointing):
@@ -229,7 +229,6 @@ class StreamingLoader(Checkpointing):
             self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
             None if plan is None else self._quotas(), states, self._batch % self.num_logical, self.batch_size,
             self._work_plan(), per_message(self.batch_size, cfg.seq_len, self.dataset.token_dtype.itemsize),
-            ring_slots(self.prefetch_factor),
         )
 
     def _steps_left(self) -> int | None:

@@ -16,6 +16,7 @@ from .dataset import WorkerPipeline
 from .plan import records_at, trim_ranges
 from .stages.read import ShardReader
 from .stages.shuffle import ShuffleBuffer, window_size
+from .state import config_value
 
 
 def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, float]], list[str]]:
@@ -108,9 +109,9 @@ def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: i
     if (saved.get("remaining") or {}).get("work"):
         return [None] * len(dataset.streams)
     names = {s["name"]: j for j, s in enumerate(saved["config"].get("streams", []))}
-    # the saved workers' windows had the saved sizes (a state from before the warm-up had none)
-    saved_cfg = saved["config"]
-    size, warmup = int(saved_cfg.get("shuffle_buffer", dataset.config.shuffle_buffer)), int(saved_cfg.get("shuffle_warmup", 0))
+    # the saved workers' windows had the saved sizes
+    size = int(config_value(saved["config"], "shuffle_buffer", dataset.config.shuffle_buffer))
+    warmup = int(config_value(saved["config"], "shuffle_warmup"))
     new_g = dataset.world_size * num_logical
     planner = dataset.planner
     out: list[tuple[int, int] | None] = []

@@ -158,15 +158,27 @@ def merge_states(states: Sequence[Any]) -> dict[str, Any]:
     return pack_state(merged)
 
 
-# what a config field meant before it was saved: a missing key has that value
-_ABSENT_MEANS = {"shuffle_warmup": 0}
+# What a config field meant before it was saved: a state without the key had that value.
+# A config leaves such a field out while it has that value (``saved_config``), so states saved
+# before the field existed keep their fingerprints.
+ABSENT_MEANS = {"shuffle_warmup": 0}
+
+
+def saved_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as states save it: fields at their ``ABSENT_MEANS`` value left out."""
+    return {k: v for k, v in config.items() if k not in ABSENT_MEANS or v != ABSENT_MEANS[k]}
+
+
+def config_value(config: dict[str, Any], key: str, default: Any = None) -> Any:
+    """A saved config's ``key``; a missing one means its ``ABSENT_MEANS`` value, else ``default``."""
+    return config.get(key, ABSENT_MEANS.get(key, default))
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Human-readable differences between two loader configs, one line per field."""
     out = []
     for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key, _ABSENT_MEANS.get(key)), current.get(key, _ABSENT_MEANS.get(key))
+        a, b = config_value(saved, key), config_value(current, key)
         if key == "streams" and isinstance(a, list) and isinstance(b, list):
             out.extend(_stream_differences(a, b))
         elif a != b:

@@ -56,7 +56,6 @@ class _Job:
     batch_size: int
     plan: Any = None  # an evaluation pass's plan (its rows are dealt in it)
     per_message: int = 1  # batches a worker process sends in one message
-    ring_slots: int = 3  # slots of a worker's shared ring (prefetch_factor + 1)
 
     def slot_bytes(self) -> int:
         """A ring slot holds a whole message: its tokens, and as much again for its pieces."""
@@ -109,15 +108,16 @@ class _WorkerBatches(IterableDataset):
     so the cost of one trip through torch's worker queue is shared by several batches; the worker's storage counters, taken when the message is
     complete, ride on its first item (so they may count the rest of the message)."""
 
-    def __init__(self, job: "_Job") -> None:
+    def __init__(self, job: "_Job", ring_slots: int) -> None:
         self.job = job
+        self.ring_slots = ring_slots  # prefetch_factor + 1: a worker never waits for a slot
 
     def __iter__(self):
         job = self.job
         info = get_worker_info()
         logical = (info.id + job.rotation) % job.num_logical
         pipeline = job.pipeline(logical)
-        ring = _Ring(info.id, job.ring_slots, job.slot_bytes())
+        ring = _Ring(info.id, self.ring_slots, job.slot_bytes())
         message: list[tuple] = []
         size = 1  # the first message holds one batch, the next ones twice as many, up to per_message
         try:
@@ -239,10 +239,6 @@ class _Rings:
         return items
 
 
-def ring_slots(prefetch_factor: int) -> int:
-    return prefetch_factor + 1
-
-
 def per_message(batch_size: int, seq_len: int, itemsize: int, message_bytes: int = 1 << 20) -> int:
     """Batches per worker message: as many as fit ``message_bytes`` of tokens, 1 to 32."""
     return max(1, min(32, message_bytes // max(1, batch_size * (seq_len + 1) * itemsize)))
@@ -251,7 +247,7 @@ def per_message(batch_size: int, seq_len: int, itemsize: int, message_bytes: int
 def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_factor: int, context) -> Iterator[tuple]:
     """``left`` batches (None: no end) from ``num_workers`` DataLoader worker processes."""
     loader = DataLoader(
-        _WorkerBatches(job), batch_size=None, num_workers=num_workers, collate_fn=_identity,
+        _WorkerBatches(job, ring_slots=prefetch_factor + 1), batch_size=None, num_workers=num_workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor, multiprocessing_context=context,
     )
     iterator = _start_workers(loader)

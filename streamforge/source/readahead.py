@@ -10,7 +10,6 @@ position in the plan.
 from __future__ import annotations
 
 import bisect
-import itertools
 import threading
 from typing import TYPE_CHECKING, Iterable, Iterator
 
@@ -120,7 +119,7 @@ class ReadAhead:
         """Fetch units of ``plan``; a new plan's (``ramp_up``) start small and double (``ramp``),
         an extension's are full size at once."""
         cap = max(1, min(self.source.config.request_bytes, self.budget()[0] // 2))
-        caps = ramp(cap) if ramp_up else itertools.repeat(cap)
+        caps = ramp(cap) if ramp_up else cap
         last = None
         for i, (shard, start, stop) in enumerate(plan, first_idx):
             if stop <= start:

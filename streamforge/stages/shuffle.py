@@ -153,7 +153,8 @@ class ShuffleBuffer:
         the window's end either way (a ``unit`` leaves it alone).
         """
         reading = unit is None
-        ranges = self.reader.peek_ranges(self.window_size()) if reading else [tuple(r) for r in unit["ranges"]]
+        size = self.window_size()
+        ranges = self.reader.peek_ranges(size) if reading else [tuple(r) for r in unit["ranges"]]
         source = self.reader.source
         if reading and skip == 0:
             self.reader.announce()  # indexes and frames start coming while the window is laid out
@@ -170,7 +171,7 @@ class ShuffleBuffer:
             )
         wanted = order[skip:]
         if skip == 0 and reading:
-            docs = self.reader.read(self.window_size())
+            docs = self.reader.read(size)
         else:
             runs = _frame_runs(source, shard[np.sort(wanted)], record[np.sort(wanted)], ranges)
             plan_reads = getattr(source, "plan_reads", None)
