@@ -142,9 +142,9 @@ class Packer:
             if got is None:
                 break
             stream, run = got
-            flat[filled : filled + len(run.tokens)] = run.tokens
+            run.copy_into(flat[filled : filled + run.size])
             runs.append((filled, stream, run))
-            filled += len(run.tokens)
+            filled += run.size
         if filled == 0:
             return None
         rows = -(-filled // T)

@@ -24,8 +24,10 @@ what keeps resume latency level with a fresh start. The shard order and each wor
 order are reshuffled every pass on top of this (see plan.py).
 
 Zero-length records, and records the source skipped as damaged (``on_error="skip"``), are
-passed over here; with ``eos_id`` set, EOS is appended to each document, in the same copy
-that lays the window out.
+passed over here; with ``eos_id`` set, EOS follows each document. A loaded window copies no
+token: its documents stay views of the frames they were decoded into, and the consumer copies
+each run once, into its batch (``DocRun.copy_into``). A window therefore costs its decoded
+frames and nothing more (8192 documents of ~1,000 uint16 tokens: about 16 MiB).
 
 After an elastic resume a worker may also be handed the rests of other workers' windows
 (``windows_for``: ``{"ranges", "key", "pos", "offset"}``), emitted as windows -k..-1 before
@@ -51,14 +53,29 @@ _KEYS = ("reader", "window", "loaded", "pos", "token_offset")
 
 @dataclass
 class DocRun:
-    """Consecutive pieces of documents of one stream, as one token slice."""
+    """Consecutive pieces of documents of one stream: ``size`` tokens held as ``parts``
+    (views of the decoded frames, and the EOS after each document), in order."""
 
-    tokens: np.ndarray
+    parts: list
+    size: int
     shard: np.ndarray
     record: np.ndarray
     token_start: np.ndarray  # offset of each piece in its document
     length: np.ndarray
     done: bool  # the last piece ends its document
+
+    def copy_into(self, out: np.ndarray) -> None:
+        """Write the run's tokens into ``out`` (``size`` long): one copy of each token."""
+        if len(self.parts) == 1:
+            out[...] = self.parts[0]
+        elif self.parts:
+            np.concatenate(self.parts, out=out)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        out = np.empty(self.size, self.parts[0].dtype if self.parts else np.uint16)
+        self.copy_into(out)
+        return out
 
 
 class ShuffleBuffer:
@@ -115,7 +132,8 @@ class ShuffleBuffer:
 
     def _clear(self) -> None:
         self.loaded = False
-        self.tokens = None
+        self._docs = None  # the window's documents in emission order, each a view of its frame
+        self._parts = None  # the same, each followed by its EOS: ``_stride`` entries a document
         self.offsets = None
         self.shard = None
         self.record = None
@@ -200,22 +218,28 @@ class ShuffleBuffer:
                           self.global_worker, self.window_idx, *extra)
 
     def _layout(self, order, lens, shard, record, pieces, dtype, skip: int) -> None:
-        """Join the documents in emission order, EOS after each, in one copy: ``bytes.join``
-        with the EOS as separator (``np.concatenate`` over documents and EOS pieces cost about
-        twice as much, and more under the fetch threads' contention for the GIL). The window's
-        tokens are read-only."""
+        """Index the documents in emission order without copying a token: each stays a view of
+        the frame it was decoded into, and the window is ``offsets`` into their virtual
+        concatenation, an EOS after each. A run is copied once, by its consumer, straight
+        from the frames (``DocRun.copy_into``); laying the window out in one buffer first
+        cost a second copy of every token and a window's worth of memory at each fill."""
         out_lens = lens.copy()
+        docs = [p.view(dtype) for p in pieces]
+        head = [_EMPTY.view(dtype)] * skip
         if self.eos_id is None:
-            joined = b"".join(pieces)
+            self._stride, parts = 1, head + docs
         else:
-            eos = np.array([self.eos_id], dtype).tobytes()
+            eos = np.array([self.eos_id], dtype)
+            nothing = _EMPTY.view(dtype)
             nonempty = lens[skip:] > 0
-            if nonempty.all():
-                joined = eos.join(pieces + [b""]) if pieces else b""
-            else:  # an empty piece is a record the source skipped as damaged: it gets no EOS
-                joined = b"".join([p for piece in pieces for p in ((piece, eos) if len(piece) else ())])
             out_lens[skip:] += nonempty
-        self.tokens = np.frombuffer(joined, dtype)
+            # an empty piece is a record the source skipped as damaged: it gets no EOS
+            self._stride = 2
+            parts = [x for d in head for x in (d, d)]
+            parts += [x for d in docs for x in (d, eos if len(d) else nothing)]
+            self._eos = eos
+        self._docs = head + docs
+        self._parts = parts
         self.offsets = np.zeros(len(order) + 1, np.int64)
         np.cumsum(out_lens, out=self.offsets[1:])
         self.shard = shard[order]
@@ -227,6 +251,14 @@ class ShuffleBuffer:
         self._shard_list = self.shard.tolist()
         self._record_list = self.record.tolist()
         self._skip_empty()
+
+    def _cut(self, doc: int, a: int, b: int) -> list:
+        """Tokens ``a..b-1`` of document ``doc`` counted with its EOS, as parts."""
+        tokens = self._docs[doc]
+        n = len(tokens)
+        if b <= n:
+            return [tokens[a:b]]
+        return [tokens[a:], self._eos] if a < n else [self._eos]
 
     def _skip_empty(self) -> None:
         """Step over documents laid out empty (damaged records skipped by the source)."""
@@ -253,7 +285,8 @@ class ShuffleBuffer:
         return self._offsets_list[self.pos + 1] - self._offsets_list[self.pos]
 
     def peek_token(self) -> int:
-        return int(self.tokens[self._offsets_list[self.pos] + self.token_offset])
+        tokens = self._docs[self.pos]
+        return int(tokens[self.token_offset]) if self.token_offset < len(tokens) else self.eos_id
 
     def take(self, n: int) -> tuple[np.ndarray, int, int, int, bool]:
         """Up to ``n`` tokens of the current document: (tokens, shard, record, token_start, done).
@@ -263,7 +296,8 @@ class ShuffleBuffer:
         start = self._offsets_list[self.pos] + self.token_offset
         stop = self._offsets_list[self.pos + 1]
         k = min(n, stop - start)
-        piece = self.tokens[start : start + k]
+        parts = self._cut(self.pos, self.token_offset, self.token_offset + k)
+        piece = parts[0] if len(parts) == 1 else np.concatenate(parts)
         meta = (self._shard_list[self.pos], self._record_list[self.pos], self.token_offset)
         done = start + k == stop
         if done:
@@ -299,8 +333,22 @@ class ShuffleBuffer:
         ends[-1] = stop
         length = ends - starts[:-1]
         keep = slice(None) if length.all() else length > 0  # drop damaged (empty) documents
+        stride = self._stride
+        if docs == 0:
+            parts = []
+        elif docs == 1:
+            base = self._offsets_list[pos]
+            parts = self._cut(pos, first - base, stop - base)
+        else:
+            parts = self._parts[pos * stride : (pos + docs) * stride]
+            last = pos + docs - 1
+            if not done:  # the last document is cut at the limit
+                parts[-stride:] = self._cut(last, 0, stop - self._offsets_list[last])
+            if self.token_offset:  # the first one was begun already
+                parts[:stride] = self._cut(pos, self.token_offset, self._offsets_list[pos + 1] - self._offsets_list[pos])
         run = DocRun(
-            tokens=self.tokens[first:stop],
+            parts=parts,
+            size=stop - first,
             shard=self.shard[pos : pos + docs][keep],
             record=self.record[pos : pos + docs][keep],
             token_start=(starts[:-1] - self.offsets[pos : pos + docs])[keep],
@@ -504,6 +552,9 @@ def _frame_runs(source, shard: np.ndarray, record: np.ndarray, ranges) -> list[t
             hi = min(b, index.record_stop(int(run[-1])))
             out.append((s, lo, hi))
     return out
+
+
+_EMPTY = np.zeros(0, np.uint8)
 
 
 def _byte_views(docs: DocBatch) -> list[np.ndarray]:
