@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 
 INDEXES_AHEAD = 64
+UNITS_IN_BUDGET = 4  # a fetch unit holds at most this fraction of the read-ahead budget
 
 
 def _quietly(fn, *args) -> None:
@@ -117,8 +118,14 @@ class ReadAhead:
 
     def _units(self, plan: list[tuple[int, int, int]], first_idx: int = 0, ramp_up: bool = False) -> Iterator[FetchUnit]:
         """Fetch units of ``plan``; a new plan's (``ramp_up``) start small and double (``ramp``),
-        an extension's are full size at once."""
-        cap = max(1, min(self.source.config.request_bytes, self.budget()[0] // 2))
+        an extension's are full size at once. A unit holds at most a quarter of the budget
+        (compressed plus decoded): the scheduler starts a unit only while the bytes held
+        leave room for it, or when nothing is held, so a unit as large as the budget is
+        fetched only once the reader has taken every frame before it, and the read-ahead
+        never runs ahead of the reader."""
+        budget = self.budget()[0]
+        cap = max(1, min(self.source.config.request_bytes, budget // 2))
+        held_cap = max(1, budget // UNITS_IN_BUDGET)
         caps = ramp(cap) if ramp_up else cap
         last = None
         for i, (shard, start, stop) in enumerate(plan, first_idx):
@@ -136,7 +143,7 @@ class ReadAhead:
             if last == (shard, first):
                 first += 1  # planned already as the previous range's last frame
             frames = index.frames
-            yield from group_frames(i, shard, first, end, frames["comp_size"], frames["raw_size"], caps)
+            yield from group_frames(i, shard, first, end, frames["comp_size"], frames["raw_size"], caps, held_cap)
             last = (shard, end - 1)
 
     def _fetch_unit(self, unit: FetchUnit) -> list:

@@ -282,21 +282,27 @@ class Prefetcher:
 
 
 def group_frames(
-    range_idx: int, shard: int, first: int, stop: int, comp_sizes, raw_sizes, cap: int | Iterator[int]
+    range_idx: int, shard: int, first: int, stop: int, comp_sizes, raw_sizes, cap: int | Iterator[int],
+    held_cap: int | None = None,
 ) -> Iterator[FetchUnit]:
     """Frames ``first..stop-1`` of ``shard`` as units of consecutive frames, each at most
-    ``cap`` compressed bytes (a larger frame is a unit alone); ``cap`` may be an iterator,
-    one cap per unit (``ramp``). A unit is held compressed and decoded, so its ``nbytes``
-    counts both against the budget."""
+    ``cap`` compressed bytes and, with ``held_cap``, at most that many compressed plus decoded
+    bytes (a larger frame is a unit alone); ``cap`` may be an iterator, one cap per unit
+    (``ramp``). A unit is held compressed and decoded, so its ``nbytes`` counts both against
+    the budget."""
     caps = itertools.repeat(cap) if isinstance(cap, int) else cap
+    limit = held_cap if held_cap is not None else 1 << 62
     f = first
     while f < stop:
         cap = next(caps)
-        g, nbytes = f, 0
-        while g < stop and (g == f or nbytes + int(comp_sizes[g]) <= cap):
-            nbytes += int(comp_sizes[g])
+        g, comp, total = f, 0, 0
+        while g < stop:
+            c, r = int(comp_sizes[g]), int(raw_sizes[g])
+            if g > f and (comp + c > cap or total + c + r > limit):
+                break
+            comp, total = comp + c, total + c + r
             g += 1
-        yield FetchUnit(range_idx, shard, f, g, nbytes + int(raw_sizes[f:g].sum()))
+        yield FetchUnit(range_idx, shard, f, g, total)
         f = g
 
 

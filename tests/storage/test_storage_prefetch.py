@@ -29,18 +29,46 @@ def test_a_new_plan_starts_with_small_units():
 @given(
     sizes=st.lists(st.integers(1, 50), min_size=1, max_size=30),
     cap=st.integers(1, 120),
+    held_cap=st.none() | st.integers(1, 300),
     data=st.data(),
 )
-def test_units_cover_the_frames_once_in_order(sizes, cap, data):
+def test_units_cover_the_frames_once_in_order(sizes, cap, held_cap, data):
     comp = np.array(sizes)
+    raw = comp * 3
     first = data.draw(st.integers(0, len(sizes)))
     stop = data.draw(st.integers(first, len(sizes)))
-    units = list(group_frames(0, 0, first, stop, comp, comp, cap))
+    units = list(group_frames(0, 0, first, stop, comp, raw, cap, held_cap))
     covered = [f for u in units for f in range(u.first, u.stop)]
     assert covered == list(range(first, stop))
     for u in units:
-        assert u.stop - u.first == 1 or comp[u.first : u.stop].sum() <= cap
-        assert u.nbytes == 2 * comp[u.first : u.stop].sum()
+        held = comp[u.first : u.stop].sum() + raw[u.first : u.stop].sum()
+        assert u.nbytes == held
+        if u.stop - u.first > 1:
+            assert comp[u.first : u.stop].sum() <= cap
+            assert held_cap is None or held <= held_cap
+
+
+def test_a_unit_holds_at_most_a_quarter_of_the_read_ahead(tmp_path, rng):
+    """Compressed plus decoded, each unit of a plan fits four times in the budget, so the
+    scheduler keeps several in flight ahead of the reader (a unit larger than what the
+    budget has left waits until the reader has taken everything)."""
+    from pipeline_helpers import random_docs, write_stream
+
+    from streamforge.format.manifest import Manifest
+    from streamforge.format.reader import ShardSource
+    from streamforge.source.readahead import UNITS_IN_BUDGET
+    from streamforge.storage.config import StorageConfig
+    from streamforge.storage.fetch import ByteFetcher
+
+    url = str(tmp_path / "s")
+    write_stream(url, random_docs(rng, 400, 2000), shard_size="1MiB", frame_size="32KiB")
+    budget = 1 << 20
+    source = ShardSource(Manifest.load(url), ByteFetcher(url), config=StorageConfig(prefetch_bytes=budget))
+    plan = [(s, 0, int(n)) for s, n in enumerate(source.manifest.columns["num_records"])]
+    units = list(source._readahead._units(plan))
+    assert len(units) > 8
+    assert max(u.nbytes for u in units if u.stop - u.first > 1) <= budget // UNITS_IN_BUDGET
+    source.close()
 
 
 class _Frame(bytearray):
