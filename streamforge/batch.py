@@ -97,8 +97,9 @@ def _tiled_fields(batch: RowBatch, rows: int, seq_len: int) -> tuple[np.ndarray,
     positions = np.repeat(seg, seg_len)
     np.subtract(_arange(size), positions, out=positions)
     stream = batch.stream
-    if stream[0] == stream[-1] and not (stream != stream[0]).any():
-        source_ids = np.full(size, stream[0], np.int16)
+    streams = set(stream.tolist())  # a few dozen pieces: cheaper than a numpy reduction
+    if len(streams) == 1:
+        source_ids = np.full(size, streams.pop(), np.int16)
     else:
         piece = np.searchsorted(batch.start, seg, side="right") - 1
         source_ids = np.repeat(stream[piece], seg_len)

@@ -987,7 +987,7 @@ def peers_section(results: dict, metas: dict, args, command: str, versions: dict
         "(`PackedTokenDataset(url, seq_len=2048, seed=0)`, `StreamingLoader(batch_size=8)`) delivers its full "
         "batch contract: input_ids, labels, position_ids, doc_ids, source_ids, documents shuffled in "
         "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
-        "(local 4 MiB on one fetch thread, S3 64 MiB on four); **the peers deliver bare `[8, 2049]` int64 token blocks** "
+        "(local 16 MiB on one fetch thread, S3 64 MiB on four); **the peers deliver bare `[8, 2049]` int64 token blocks** "
         "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
         "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "
         "delivered (streamforge: non-padding positions; a peer: 2049 per block) over the seconds from "

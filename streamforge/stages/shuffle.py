@@ -37,6 +37,7 @@ its key, the first ``pos`` documents skipped, ``offset`` tokens into the next on
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -248,6 +249,8 @@ class ShuffleBuffer:
         self.pos = skip
         self.token_offset = 0
         self._offsets_list = self.offsets.tolist()
+        self._lengths = out_lens  # of each document with its EOS, in emission order
+        self._has_empty = not out_lens[skip:].all()
         self._shard_list = self.shard.tolist()
         self._record_list = self.record.tolist()
         self._skip_empty()
@@ -317,22 +320,25 @@ class ShuffleBuffer:
         first; only the last may be cut short. One slice of the window, no per-document work.
         """
         pos = self.pos
-        first = self._offsets_list[pos] + self.token_offset
+        offsets = self._offsets_list
+        first = offsets[pos] + self.token_offset
         last_doc = min(pos + max_docs, len(self._record_list))  # exclusive
         limit = first + n
         # documents pos..j-1 end at or before the limit
-        j = int(np.searchsorted(self.offsets, limit, side="right")) - 1
+        j = bisect.bisect_right(offsets, limit) - 1
         whole = min(max(j, pos), last_doc)
-        if whole < last_doc and self._offsets_list[whole] < limit:
+        if whole < last_doc and offsets[whole] < limit:
             stop, docs, done = limit, whole + 1 - pos, False  # the last document is cut
         else:
-            stop, docs, done = self._offsets_list[whole], whole - pos, True
-        starts = self.offsets[pos : pos + docs + 1].copy()
-        starts[0] = first
-        ends = starts[1:].copy()
-        ends[-1] = stop
-        length = ends - starts[:-1]
-        keep = slice(None) if length.all() else length > 0  # drop damaged (empty) documents
+            stop, docs, done = offsets[whole], whole - pos, True
+        length = self._lengths[pos : pos + docs].copy()
+        token_start = np.zeros(docs, np.int64)
+        if docs:
+            token_start[0] = self.token_offset
+            length[0] -= self.token_offset
+            length[-1] -= offsets[pos + docs] - stop
+        # drop damaged (empty) documents
+        keep = length > 0 if self._has_empty else slice(None)
         stride = self._stride
         if docs == 0:
             parts = []
@@ -351,7 +357,7 @@ class ShuffleBuffer:
             size=stop - first,
             shard=self.shard[pos : pos + docs][keep],
             record=self.record[pos : pos + docs][keep],
-            token_start=(starts[:-1] - self.offsets[pos : pos + docs])[keep],
+            token_start=token_start[keep],
             length=length[keep],
             done=done,
         )
