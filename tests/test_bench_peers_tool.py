@@ -34,6 +34,7 @@ def test_streamforge_path_of_the_peers_benchmark(tmp_path):
     text = out.stdout
     assert "| streamforge | 0 | local disk |" in text
     assert "| ceiling: packing a flat np.memmap | 0 | local disk |" in text
+    assert "| ceiling: the full batch contract from a flat np.memmap | 0 | local disk |" in text
     assert "| ceiling: raw zstd decoding of the shards | 0 | local disk |" in text
     resume = [line for line in text.splitlines() if line.startswith("| streamforge |") and "batches checked" in line]
     assert len(resume) == 1 and resume[0].count(", exact (") == 3, resume

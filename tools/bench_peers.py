@@ -23,8 +23,9 @@ reason, never dropped.
    first batch, CPU-seconds of the process tree (user + sys, the case process and its
    workers, the S3 server excluded) and peak RSS summed over the tree (sampled every 50 ms
    by this process with psutil), with 0 and 2 workers, from local disk and from a moto S3
-   server this tool starts on 127.0.0.1 (and stops, by its pid). Two ceilings run from local
-   disk: packing the flat ``np.memmap`` into the same blocks, and raw zstd decoding of
+   server this tool starts on 127.0.0.1 (and stops, by its pid). Three ceilings run from local
+   disk: packing the flat ``np.memmap`` into the same blocks, building streamforge's full
+   batch contract (all five tensors) from it in file order, and raw zstd decoding of
    streamforge's shards.
 4. Resume, with each system's own mechanism (streamforge ``state_dict``; LitData's and
    Mosaic's ``StreamingDataLoader`` state; WebDataset through torchdata's
@@ -77,7 +78,7 @@ SHARD_MIB = 16
 POSITIONS = (0.1, 0.5, 0.9)
 M = 1e6
 SYSTEMS = ("streamforge", "litdata-zstd", "litdata-raw", "mosaic", "webdataset")
-CEILINGS = ("memmap", "zstd")
+CEILINGS = ("memmap", "contract", "zstd")
 NAMES = {
     "streamforge": "streamforge",
     "litdata-zstd": "LitData, zstd chunks",
@@ -85,6 +86,7 @@ NAMES = {
     "mosaic": "MosaicML Streaming (MDS)",
     "webdataset": "WebDataset + torchdata StatefulDataLoader",
     "memmap": "ceiling: packing a flat np.memmap",
+    "contract": "ceiling: the full batch contract from a flat np.memmap",
     "zstd": "ceiling: raw zstd decoding of the shards",
 }
 PACKAGES = {"streamforge": None, "litdata-zstd": "litdata", "litdata-raw": "litdata",
@@ -473,7 +475,9 @@ def child_ceiling(spec: dict) -> dict:
 
     cpu0 = tree_cpu()
     start = time.perf_counter()
-    if spec["system"] == "memmap":
+    if spec["system"] == "contract":
+        first, tokens = contract_ceiling(spec["location"], spec["starts"], start)
+    elif spec["system"] == "memmap":
         flat = np.memmap(spec["location"], np.uint16, mode="r")
         step = BATCH * BLOCK
         tokens = first = 0
@@ -491,6 +495,46 @@ def child_ceiling(spec: dict) -> dict:
         first, tokens = None, spec["tokens"]
     return {"seconds": time.perf_counter() - start, "first": first, "tokens": tokens, "batches": None,
             "cpu": tree_cpu() - cpu0}
+
+
+def contract_ceiling(flat_path: str, starts_path: str, start: float) -> tuple[float, int]:
+    """streamforge's five batch tensors built straight from the flat file, in file order (no
+    decoding, no shuffle, no state): what any loader that hands out the full contract pays
+    on top of reading its tokens. One pass of 8x2048 rows; returns (first batch s, tokens)."""
+    import torch
+
+    flat = np.memmap(flat_path, np.uint16, mode="r")
+    doc_starts = np.load(starts_path)  # each document's first token; EOS closes each document
+    size = BATCH * SEQ_LEN
+    ramp = np.arange(size, dtype=np.int64)
+    row_starts = ramp[::SEQ_LEN]
+    first = tokens = 0
+    for lo in range(0, len(flat) - size, size):
+        window = flat[lo : lo + size + 1]
+        input_ids = window[:size].astype(np.int64).reshape(BATCH, SEQ_LEN)
+        labels = window[1:].astype(np.int64)
+        # documents starting inside the batch; the token before each is an EOS: no label
+        a = np.searchsorted(doc_starts, lo, side="right")
+        b = np.searchsorted(doc_starts, lo + size, side="right")
+        inside = doc_starts[a:b] - lo
+        labels[inside - 1] = -100
+        # segments: documents cut at row starts
+        cuts = np.concatenate((inside[inside < size], row_starts))
+        cuts.sort()
+        cuts = cuts[np.concatenate(([True], cuts[1:] != cuts[:-1]))]
+        seg_len = np.diff(np.append(cuts, size))
+        positions = ramp - np.repeat(cuts, seg_len)
+        row_first = np.searchsorted(cuts, row_starts)
+        doc_ids = np.repeat((np.arange(len(cuts)) - row_first[cuts // SEQ_LEN]).astype(np.int32), seg_len)
+        batch = {
+            "input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels.reshape(BATCH, SEQ_LEN)),
+            "position_ids": torch.from_numpy(positions.reshape(BATCH, SEQ_LEN)),
+            "doc_ids": torch.from_numpy(doc_ids.reshape(BATCH, SEQ_LEN)),
+            "source_ids": torch.from_numpy(np.zeros(size, np.int16).reshape(BATCH, SEQ_LEN)),
+        }
+        first = first or time.perf_counter() - start
+        tokens += size
+    return first, tokens
 
 
 def child_main(spec: dict) -> None:
@@ -705,7 +749,7 @@ def ensure_formats(meta: dict, systems: list[str], timeout: float) -> None:
 
 
 def location(meta: dict, system: str, backend: str, s3: S3Server | None) -> str:
-    if system == "memmap":
+    if system in ("memmap", "contract"):
         return meta["flat"]
     if system == "zstd":
         return meta["formats"]["streamforge"]["dir"]
@@ -716,7 +760,7 @@ def location(meta: dict, system: str, backend: str, s3: S3Server | None) -> str:
 
 def case_spec(meta: dict, system: str, workers: int, backend: str, s3: S3Server | None, cache: str) -> dict:
     spec = {"kind": "pass", "system": system, "workers": workers, "location": location(meta, system, backend, s3),
-            "cache": cache, "tokens": meta["flat_tokens"]}
+            "cache": cache, "tokens": meta["flat_tokens"], "starts": meta["starts"]}
     if backend == "s3":
         spec["s3"] = {"endpoint": s3.endpoint, "listing": meta["formats"][system]["dir"]}
     return spec
@@ -952,7 +996,7 @@ def plot_peers(res: dict, path: str, title: str) -> None:
         bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2,
                       label=f"{w} workers, {'local disk' if b == 'local' else 'loopback S3'}")
         ax.bar_label(bars, labels=[f"{v:.0f}" if v else "n/a" for v in vals], fontsize=7)
-    for c, style in zip(CEILINGS, (":", "--")):
+    for c, style in zip(CEILINGS, (":", "-.", "--")):
         rs = runs.get((c, 0, "local")) or []
         if rs:
             ax.axhline(med(case_stats(rs)["rate"]) / M, color="gray", linestyle=style, linewidth=1,

@@ -225,21 +225,25 @@ class ShuffleBuffer:
         from the frames (``DocRun.copy_into``); laying the window out in one buffer first
         cost a second copy of every token and a window's worth of memory at each fill."""
         out_lens = lens.copy()
-        docs = [p.view(dtype) for p in pieces]
-        head = [_EMPTY.view(dtype)] * skip
+        nothing = _EMPTY.view(dtype)
+        docs = [nothing] * skip + [p.view(dtype) for p in pieces]
         if self.eos_id is None:
-            self._stride, parts = 1, head + docs
+            self._stride, parts = 1, docs
         else:
             eos = np.array([self.eos_id], dtype)
-            nothing = _EMPTY.view(dtype)
-            nonempty = lens[skip:] > 0
-            out_lens[skip:] += nonempty
-            # an empty piece is a record the source skipped as damaged: it gets no EOS
+            nonempty = lens > 0
+            nonempty[:skip] = False
+            out_lens += nonempty
             self._stride = 2
-            parts = [x for d in head for x in (d, d)]
-            parts += [x for d in docs for x in (d, eos if len(d) else nothing)]
+            parts = [eos] * (2 * len(docs))
+            parts[0::2] = docs
+            # an empty piece (a record the source skipped as damaged, or one handed on before
+            # a restore) gets no EOS
+            parts[1 : 2 * skip : 2] = [nothing] * skip
+            for i in np.flatnonzero(~nonempty[skip:]).tolist():
+                parts[2 * (skip + i) + 1] = nothing
             self._eos = eos
-        self._docs = head + docs
+        self._docs = docs
         self._parts = parts
         self.offsets = np.zeros(len(order) + 1, np.int64)
         np.cumsum(out_lens, out=self.offsets[1:])

@@ -90,6 +90,8 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
         if fs is not None:
             return fs, fs._strip_protocol(str(url))
     fs, path = fsspec.core.url_to_fs(str(url), **options)
+    if protocol == "s3":
+        _share_service_data(fs)
     if policy is not None and protocol == "s3" and "retries" not in given:
         # s3fs's own retry loop is a class attribute, not a constructor option; this
         # instance is keyed by the options above, so only streamforge readers share it.
@@ -98,6 +100,36 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
         with _FILESYSTEMS_LOCK:
             fs = _FILESYSTEMS.setdefault(key, fs)
     return fs, path
+
+
+_BOTOCORE_LOADER: Any = None
+
+
+def _share_service_data(fs) -> None:
+    """Give a new S3 filesystem a session whose botocore data loader is this process's one.
+
+    Building an S3 client reads and parses botocore's service model, endpoint rules and
+    partitions (about 0.2 s, most of the time to a first batch from S3); the loader caches
+    them, but per session, and every filesystem makes its own session. With one loader per
+    process, the second client costs a few milliseconds, and so does the first one in a
+    DataLoader worker forked after the trainer built its own (the loader and what it cached
+    come with the fork). Only the loader is shared, a cache of read-only files: credentials,
+    connections and event loops stay each session's. A filesystem given its own session, or
+    session options, is left alone."""
+    global _BOTOCORE_LOADER
+    if getattr(fs, "session", True) is not None or getattr(fs, "_s3", None) is not None or getattr(fs, "kwargs", None):
+        return
+    try:
+        from aiobotocore.session import AioSession
+    except ImportError:  # an S3 filesystem that is not s3fs on aiobotocore
+        return
+    session = AioSession()
+    with _FILESYSTEMS_LOCK:
+        if _BOTOCORE_LOADER is None:
+            _BOTOCORE_LOADER = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", _BOTOCORE_LOADER)
+    fs.session = session
 
 
 def join(path: str, name: str) -> str:
