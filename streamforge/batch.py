@@ -19,6 +19,24 @@ import numpy as np
 import torch
 
 IGNORE_INDEX = -100
+FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "source_ids")  # the batch contract
+
+
+def check_fields(fields) -> tuple[str, ...]:
+    """``fields`` as a tuple of contract names (None: all of them); ``ConfigError`` naming an
+    unknown one."""
+    from .errors import ConfigError
+
+    if fields is None:
+        return FIELDS
+    if isinstance(fields, str):
+        fields = (fields,)
+    fields = tuple(dict.fromkeys(str(f) for f in fields))
+    unknown = [f for f in fields if f not in FIELDS]
+    if unknown or not fields:
+        raise ConfigError(f"fields must name some of {', '.join(FIELDS)}; got {list(fields)!r}"
+                          + (f" ({', '.join(map(repr, unknown))} unknown)" if unknown else ""))
+    return fields
 
 
 @dataclass
@@ -74,7 +92,7 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
-def _tiled_fields(batch: RowBatch, rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _tiled_fields(batch: RowBatch, rows: int, seq_len: int, want=FIELDS) -> tuple:
     """Positions, doc ids and source ids of a batch without padding. The pieces are first cut
     at row starts into segments (a few dozen), whose fields are constants or ramps: one
     ``np.repeat`` per field over the batch instead of two or three. Every step on the
@@ -92,36 +110,44 @@ def _tiled_fields(batch: RowBatch, rows: int, seq_len: int) -> tuple[np.ndarray,
     seg_len = np.empty(n, np.int64)
     np.subtract(seg[1:], seg[:-1], out=seg_len[:-1])
     seg_len[-1] = size - seg[-1]
-    row_first = np.searchsorted(seg, row_starts)  # every row starts a segment
-    seg_doc = (_arange(n) - row_first[seg // seq_len]).astype(np.int32)
-    positions = np.repeat(seg, seg_len)
-    np.subtract(_arange(size), positions, out=positions)
-    stream = batch.stream
-    streams = set(stream.tolist())  # a few dozen pieces: cheaper than a numpy reduction
-    if len(streams) == 1:
-        source_ids = np.full(size, streams.pop(), np.int16)
-    else:
-        piece = np.searchsorted(batch.start, seg, side="right") - 1
-        source_ids = np.repeat(stream[piece], seg_len)
-    return positions, np.repeat(seg_doc, seg_len), source_ids
+    positions = doc_ids = source_ids = None
+    if "position_ids" in want:
+        positions = np.repeat(seg, seg_len)
+        np.subtract(_arange(size), positions, out=positions)
+    if "doc_ids" in want:
+        row_first = np.searchsorted(seg, row_starts)  # every row starts a segment
+        doc_ids = np.repeat((_arange(n) - row_first[seg // seq_len]).astype(np.int32), seg_len)
+    if "source_ids" in want:
+        stream = batch.stream
+        streams = set(stream.tolist())  # a few dozen pieces: cheaper than a numpy reduction
+        if len(streams) == 1:
+            source_ids = np.full(size, streams.pop(), np.int16)
+        else:
+            piece = np.searchsorted(batch.start, seg, side="right") - 1
+            source_ids = np.repeat(stream[piece], seg_len)
+    return positions, doc_ids, source_ids
 
 
-def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = False) -> dict[str, torch.Tensor]:
-    """The full batch contract from a ``RowBatch`` (numpy work, then zero-copy to torch)."""
+def expand(
+    batch: RowBatch, *, boundary: str = "document", provenance: bool = False, fields: tuple[str, ...] = FIELDS,
+) -> dict[str, torch.Tensor]:
+    """The batch contract from a ``RowBatch`` (numpy work, then zero-copy to torch): the
+    tensors named in ``fields`` (all five by default), each computed only when asked for."""
     rows, width = batch.tokens.shape
     seq_len = width - 1
     size = rows * seq_len
-    input_ids = np.empty((rows, seq_len), np.int64)
-    input_ids[...] = batch.tokens[:, :seq_len]
-    labels = np.empty((rows, seq_len), np.int64)
-    labels[...] = batch.tokens[:, 1:]
+    out: dict[str, torch.Tensor] = {}
+    if "input_ids" in fields:
+        input_ids = np.empty((rows, seq_len), np.int64)
+        input_ids[...] = batch.tokens[:, :seq_len]
+        out["input_ids"] = torch.from_numpy(input_ids)
     lengths = batch.length
-    starts = batch.start
-    ends = starts + lengths
     if int(lengths.sum()) == size:  # no padding: the pieces tile the batch, in order
-        positions, doc_ids, source_ids = _tiled_fields(batch, rows, seq_len)
+        positions, doc_ids, source_ids = _tiled_fields(batch, rows, seq_len, fields)
         padding = None
     else:
+        starts = batch.start
+        ends = starts + lengths
         # the first piece touching each row: doc ids count pieces from it
         first_piece = np.searchsorted(ends, _arange(rows) * seq_len, side="right")
         piece_ids = np.repeat(_arange(len(lengths)), lengths)
@@ -136,6 +162,24 @@ def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = Fa
         source_ids = np.full(size, -1, np.int16)
         source_ids[index] = np.repeat(batch.stream, lengths)
         padding = doc_ids < 0
+    if "labels" in fields:
+        out["labels"] = torch.from_numpy(_labels(batch, boundary, padding))
+    for name, values in (("position_ids", positions), ("doc_ids", doc_ids), ("source_ids", source_ids)):
+        if name in fields:
+            out[name] = torch.from_numpy(values.reshape(rows, seq_len))
+    if provenance:
+        out["segments"] = torch.from_numpy(segments(batch))
+    return out
+
+
+def _labels(batch: RowBatch, boundary: str, padding: np.ndarray | None) -> np.ndarray:
+    """[R, T] int64 labels: the next token, -100 where the contract says nothing follows."""
+    rows, width = batch.tokens.shape
+    seq_len = width - 1
+    size = rows * seq_len
+    labels = np.empty((rows, seq_len), np.int64)
+    labels[...] = batch.tokens[:, 1:]
+    ends = batch.start + batch.length
     last = ends - 1
     flat_labels = labels.reshape(-1)
     done = ~batch.continues
@@ -150,16 +194,7 @@ def expand(batch: RowBatch, *, boundary: str = "document", provenance: bool = Fa
         flat_labels[last[done & (into_padding | no_lookahead)]] = IGNORE_INDEX
     if padding is not None:
         flat_labels[padding] = IGNORE_INDEX
-    out = {
-        "input_ids": torch.from_numpy(input_ids),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(positions.reshape(rows, seq_len)),
-        "doc_ids": torch.from_numpy(doc_ids.reshape(rows, seq_len)),
-        "source_ids": torch.from_numpy(source_ids.reshape(rows, seq_len)),
-    }
-    if provenance:
-        out["segments"] = torch.from_numpy(segments(batch))
-    return out
+    return labels
 
 
 def split_at_rows(batch: RowBatch) -> dict[str, np.ndarray]:

@@ -19,12 +19,12 @@ from it, are in ``checkpoint.py``.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from . import ledger
-from .batch import RowBatch, expand
+from .batch import RowBatch, check_fields, expand
 from .checkpoint import Checkpointing
 from .counters import Counters
 from .dataset import PackedTokenDataset
@@ -47,6 +47,10 @@ class StreamingLoader(Checkpointing):
     ``skip_steps=[(start, end), ...]`` drops the batches of those global steps (end
     exclusive), e.g. to jump over a loss spike; it can be given when resuming.
 
+    ``fields`` (default: all five of the batch contract, docs/batch.md) names the tensors a
+    batch holds; the others are not computed. It changes nothing but what is handed out: the
+    data order, the state and the job clock are the same with any fields.
+
     ``ledger_dir`` (a local path or any fsspec URL; ``ledger_options``: its storage options)
     keeps a data-order ledger: the document pieces of every step, written in chunks and
     always before ``state_dict()`` returns (``streamforge ledger check|diff|show``,
@@ -67,6 +71,7 @@ class StreamingLoader(Checkpointing):
         skip_steps: Any = None,
         ledger_dir: str | None = None,
         ledger_options: dict[str, Any] | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -81,6 +86,7 @@ class StreamingLoader(Checkpointing):
         self.device = default_device() if device is None else torch.device(device)
         self.device_prefetch = check_depth(device_prefetch, self.device)  # batches in flight (device.py)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
+        self.fields = check_fields(fields)
         self.skip_steps = SkipRanges(skip_steps)
         if dataset.evaluation and self.skip_steps:
             raise ConfigError("skip_steps does not apply to an evaluation loader: its pass holds every held-out token")
@@ -271,7 +277,7 @@ class StreamingLoader(Checkpointing):
 
     def _finish(self, rows: RowBatch) -> dict[str, torch.Tensor]:
         cfg = self.dataset.config
-        batch = expand(rows, boundary=cfg.boundary, provenance=cfg.provenance)
+        batch = expand(rows, boundary=cfg.boundary, provenance=cfg.provenance, fields=self.fields)
         if self.pin_memory:
             batch = {k: v.pin_memory() for k, v in batch.items()}
         if self.device.type != "cpu":

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline_helpers import EOS, dataset, loader, take, write_stream
-from streamforge.batch import IGNORE_INDEX
+from streamforge.batch import FIELDS, IGNORE_INDEX
 
 
 def _check_batches(batches, docs_by_stream, *, seq_len, packing, boundary):
@@ -153,3 +153,37 @@ def test_missing_eos_id_is_a_clear_error(tmp_path, rng):
         w.write(np.arange(1, 10))
     with pytest.raises(ConfigError, match="eos_id"):
         PackedTokenDataset(url, seq_len=8)
+
+
+@pytest.mark.parametrize("packing", ["concat", "bestfit"])
+@pytest.mark.parametrize("fields", [("input_ids", "labels"), ("position_ids", "labels", "input_ids"),
+                                    ("doc_ids",), ("source_ids", "doc_ids")])
+def test_a_loader_hands_out_only_the_fields_asked_for(tmp_path, rng, packing, fields):
+    """Asked-for fields equal the full contract's, on padded (bestfit) and full batches, in
+    both boundary modes, and the data order and state do not depend on them."""
+    from pipeline_helpers import make_corpus
+
+    corpus = make_corpus(tmp_path, rng)
+    for boundary in ("document", "stream"):
+        full_loader = loader(dataset(corpus, packing=packing, boundary=boundary, seed=5), num_workers=0)
+        some_loader = loader(dataset(corpus, packing=packing, boundary=boundary, seed=5), num_workers=0,
+                             fields=fields)
+        full, some = take(full_loader, 12), take(some_loader, 12)
+        assert len(full) == len(some) == 12
+        for a, b in zip(full, some):
+            assert list(b) == [f for f in FIELDS if f in fields]  # in the contract's order
+            for name in fields:
+                assert torch.equal(a[name], b[name]) and a[name].dtype == b[name].dtype
+        assert full_loader.state_dict() == some_loader.state_dict()
+
+
+def test_unknown_fields_are_a_clear_error(tmp_path, rng):
+    from pipeline_helpers import make_corpus
+
+    from streamforge.errors import ConfigError
+
+    ds = dataset(make_corpus(tmp_path, rng))
+    with pytest.raises(ConfigError, match="'attention_mask' unknown"):
+        loader(ds, fields=["input_ids", "attention_mask"])
+    with pytest.raises(ConfigError, match="fields must name"):
+        loader(ds, fields=[])
