@@ -321,7 +321,8 @@ class ShuffleBuffer:
 
     def take_run(self, n: int, max_docs: int) -> DocRun:
         """Up to ``n`` tokens from at most ``max_docs`` consecutive documents, the current one
-        first; only the last may be cut short. One slice of the window, no per-document work.
+        first; only the last may be cut short. One slice of the window's parts (documents and
+        their EOS), cut at its ends; no per-document work.
         """
         pos = self.pos
         offsets = self._offsets_list
