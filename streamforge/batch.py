@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .errors import ConfigError
+
 IGNORE_INDEX = -100
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "source_ids")  # the batch contract
 
@@ -25,8 +27,6 @@ FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "source_ids")  # the
 def check_fields(fields) -> tuple[str, ...]:
     """``fields`` as a tuple of contract names (None: all of them); ``ConfigError`` naming an
     unknown one."""
-    from .errors import ConfigError
-
     if fields is None:
         return FIELDS
     if isinstance(fields, str):

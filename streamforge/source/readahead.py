@@ -124,7 +124,7 @@ class ReadAhead:
         fetched only once the reader has taken every frame before it, and the read-ahead
         never runs ahead of the reader."""
         budget = self.budget()[0]
-        cap = max(1, min(self.source.config.request_bytes, budget // 2))
+        cap = max(1, self.source.config.request_bytes)
         held_cap = max(1, budget // UNITS_IN_BUDGET)
         caps = ramp(cap) if ramp_up else cap
         last = None

@@ -231,17 +231,15 @@ class ShuffleBuffer:
             self._stride, parts = 1, docs
         else:
             eos = np.array([self.eos_id], dtype)
-            nonempty = lens > 0
-            nonempty[:skip] = False
+            nonempty = lens > 0  # lens[:skip] are 0: documents a restore passes over
             out_lens += nonempty
             self._stride = 2
             parts = [eos] * (2 * len(docs))
             parts[0::2] = docs
             # an empty piece (a record the source skipped as damaged, or one handed on before
             # a restore) gets no EOS
-            parts[1 : 2 * skip : 2] = [nothing] * skip
-            for i in np.flatnonzero(~nonempty[skip:]).tolist():
-                parts[2 * (skip + i) + 1] = nothing
+            for i in np.flatnonzero(~nonempty).tolist():
+                parts[2 * i + 1] = nothing
             self._eos = eos
         self._docs = docs
         self._parts = parts
@@ -317,7 +315,7 @@ class ShuffleBuffer:
         """Full lengths of the documents after the current one, within this window."""
         lo = self.pos + 1
         hi = min(lo + max_docs, len(self._record_list))
-        return np.diff(self.offsets[lo : hi + 1])
+        return self._lengths[lo:hi]
 
     def take_run(self, n: int, max_docs: int) -> DocRun:
         """Up to ``n`` tokens from at most ``max_docs`` consecutive documents, the current one
