@@ -36,6 +36,9 @@ def test_streamforge_path_of_the_peers_benchmark(tmp_path):
     assert "| ceiling: packing a flat np.memmap | 0 | local disk |" in text
     assert "| ceiling: the full batch contract from a flat np.memmap | 0 | local disk |" in text
     assert "| ceiling: raw zstd decoding of the shards | 0 | local disk |" in text
+    assert "| streamforge at WebDataset's settings | 0 | local disk |" in text  # the memory comparison
+    targets = text[text.index("| target | streamforge | against | ratio | |"):]
+    assert "| 0 workers, local >= 50% of raw zstd decoding" in targets
     resume = [line for line in text.splitlines() if line.startswith("| streamforge |") and "batches checked" in line]
     assert len(resume) == 1 and resume[0].count(", exact (") == 3, resume
     for system in absent:  # a peer that is not there is reported with the reason, never dropped

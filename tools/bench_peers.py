@@ -1,7 +1,8 @@
 """streamforge next to the loaders users would otherwise pick, on one synthetic corpus.
 
     python tools/bench_peers.py [--tokens 50e6 500e6] [--repeats 3] [--systems ...]
-                                [--workers 0 2] [--backends local s3] [--no-growth] [--no-write]
+                                [--large-systems ...] [--workers 0 2] [--backends local s3]
+                                [--no-growth] [--no-write]
 
 Needs the ``bench`` extra (``make venv-bench``: LitData, MosaicML Streaming, WebDataset,
 torchdata, psutil, moto); a peer that is not installed or does not run is reported with the
@@ -35,7 +36,10 @@ reason, never dropped.
 5. streamforge alone, how the cost grows (``growth``): tokens/s and RSS against shard size,
    number of streams and shuffle buffer; time to first batch against shards in the manifest.
 
-Medians of ``--repeats`` runs with min-max; ratios to streamforge. The ``peers`` and
+The smallest ``--tokens`` size is the main table, with resume and the targets; each larger
+size (10x: start-up against steady state) measures ``--large-systems`` only (default: all),
+and a system left out there is named with its pass time at the main size. Medians of
+``--repeats`` runs with min-max; ratios to streamforge. The ``peers`` and
 ``growth`` sections of docs/benchmarks.md and docs/img/peers_*.png, growth.png are rewritten.
 """
 
@@ -79,8 +83,14 @@ POSITIONS = (0.1, 0.5, 0.9)
 M = 1e6
 SYSTEMS = ("streamforge", "litdata-zstd", "litdata-raw", "mosaic", "webdataset")
 CEILINGS = ("memmap", "contract", "zstd")
+# streamforge at WebDataset's settings, for the memory comparison: a shuffle of about as many
+# tokens as WebDataset's 1000-block sample buffer (2048 documents of ~990 tokens against
+# 1000 x 2049) and a 4 MiB read-ahead; local disk, 0 workers only
+EQUAL = "streamforge-equal"
+EQUAL_SHUFFLE, EQUAL_READ_AHEAD = 2048, 4 << 20
 NAMES = {
     "streamforge": "streamforge",
+    EQUAL: "streamforge at WebDataset's settings",
     "litdata-zstd": "LitData, zstd chunks",
     "litdata-raw": "LitData, uncompressed chunks",
     "mosaic": "MosaicML Streaming (MDS)",
@@ -310,13 +320,17 @@ class Case:
 
     def _build_streamforge(self):
         from streamforge import PackedTokenDataset, Stream, StreamingLoader
+        from streamforge.storage.config import StorageConfig
 
+        settings = {}
+        if self.system == EQUAL:
+            settings = {"shuffle_buffer": EQUAL_SHUFFLE, "storage": StorageConfig(prefetch_bytes=EQUAL_READ_AHEAD)}
         options = None
         if self.s3:
             options = {"key": CREDS["AWS_ACCESS_KEY_ID"], "secret": CREDS["AWS_SECRET_ACCESS_KEY"],
                        "client_kwargs": {"endpoint_url": self.s3["endpoint"]}, "skip_instance_cache": True}
         dataset = PackedTokenDataset(Stream(self.location, storage_options=options, name="corpus"),
-                                     seq_len=SEQ_LEN, seed=0)
+                                     seq_len=SEQ_LEN, seed=0, **settings)
         return StreamingLoader(dataset, batch_size=BATCH, num_workers=self.workers, device="cpu")
 
     def _build_litdata(self):
@@ -379,14 +393,14 @@ class Case:
     def tokens(self, batch) -> int:
         """Corpus tokens a batch consumed: streamforge's non-padding positions; a peer's blocks
         times 2049 (its blocks do not overlap)."""
-        if self.system == "streamforge":
+        if self.system.startswith("streamforge"):
             doc_ids = batch["doc_ids"]
             return doc_ids.numel() if doc_ids[-1, -1] >= 0 else int((doc_ids >= 0).sum())
         return batch.numel()
 
     def digest(self, batch) -> str:
         h = hashlib.sha1()
-        if self.system == "streamforge":
+        if self.system.startswith("streamforge"):
             for key in ("input_ids", "labels", "position_ids", "doc_ids", "source_ids"):
                 h.update(batch[key].numpy().tobytes())
         else:
@@ -751,8 +765,8 @@ def ensure_formats(meta: dict, systems: list[str], timeout: float) -> None:
 def location(meta: dict, system: str, backend: str, s3: S3Server | None) -> str:
     if system in ("memmap", "contract"):
         return meta["flat"]
-    if system == "zstd":
-        return meta["formats"]["streamforge"]["dir"]
+    if system in ("zstd", EQUAL):  # streamforge's shards
+        system = "streamforge"
     if backend == "local":
         return meta["formats"][system]["dir"]
     return f"s3://{BUCKET}/{os.path.basename(meta['root'])}/{system}"
@@ -791,13 +805,23 @@ def run_case(spec: dict, timeout: float) -> dict:
         shutil.rmtree(spec["cache"], ignore_errors=True)
 
 
-def measure_size(meta: dict, args, s3: S3Server | None) -> dict:
-    """Throughput cases (interleaved per repeat) and resume for one corpus size."""
+def systems_at(args, tokens: int) -> list[str]:
+    """The systems measured at a corpus size: all at the main (smallest) one, ``--large-systems``
+    at larger ones."""
+    if tokens == min(args.tokens) or args.large_systems is None:
+        return list(args.systems)
+    return [s for s in args.systems if s in args.large_systems]
+
+
+def measure_size(size: int, meta: dict, args, s3: S3Server | None) -> dict:
+    """Throughput cases (interleaved per repeat) and, at the main size, resume for one corpus size."""
     from tqdm import tqdm
 
-    ok = [s for s in args.systems if "error" not in meta["formats"].get(s, {"error": "not written"})]
+    ok = [s for s in systems_at(args, size) if "error" not in meta["formats"].get(s, {"error": "not written"})]
     cases = [(c, 0, "local") for c in CEILINGS if "streamforge" in ok]
     cases += [(s, w, b) for s in ok for b in args.backends for w in args.workers]
+    if "streamforge" in ok and "local" in args.backends and 0 in args.workers:
+        cases.insert(cases.index(("streamforge", 0, "local")) + 1, (EQUAL, 0, "local"))
     cache = os.path.join(ROOT, "bench-out", "peers", "cache", "run")
     runs: dict = {c: [] for c in cases}
     errors: dict = {}
@@ -815,8 +839,8 @@ def measure_size(meta: dict, args, s3: S3Server | None) -> dict:
                     except ChildFailed as e:
                         errors[case] = str(e)
                 bar.update()
-    # resume: on the largest corpus only (positions scale with it)
-    resume = {} if args.no_resume or meta["tokens"] < max(args.tokens) else measure_resume(meta, args, ok, runs, errors, s3)
+    # resume: on the main corpus only (positions scale with it)
+    resume = {} if args.no_resume or size > min(args.tokens) else measure_resume(meta, args, ok, runs, errors, s3)
     return {"runs": runs, "errors": errors, "resume": resume}
 
 
@@ -919,16 +943,28 @@ def throughput_table(res: dict, args) -> list[str]:
 def scale_table(results: dict, args) -> list[str]:
     sizes = sorted(results)
     head = " | ".join(f"{t / M:g}M tokens" for t in sizes)
-    lines = [f"| system | workers | storage | {head} | largest / smallest |", "|---" * (4 + len(sizes)) + "|"]
-    keys = [k for k in results[sizes[-1]]["runs"] if k[0] not in CEILINGS]
+    lines = [f"| system | workers | storage | {head} | largest / main |", "|---" * (4 + len(sizes)) + "|"]
+    keys = [k for k in results[sizes[0]]["runs"] if k[0] not in CEILINGS]
     for key in keys:
         rates = []
         for t in sizes:
             rs = results[t]["runs"].get(key) or []
             rates.append(med(case_stats(rs)["rate"]) if rs else None)
-        cells = " | ".join(f"{r / M:.1f}M" if r else "-" for r in rates)
+        cells = " | ".join(f"{r / M:.1f}M" if r else ("not run" if key[0] not in systems_at(args, t) else "-")
+                           for r, t in zip(rates, sizes))
         grow = f"{rates[-1] / rates[0]:.2f}x" if rates[0] and rates[-1] else "-"
         lines.append(f"| {row_label(*key)} | {cells} | {grow} |")
+    left_out = {}
+    for key in keys:
+        for t in sizes[1:]:
+            if key[0] not in systems_at(args, t) and results[sizes[0]]["runs"].get(key):
+                rate = med(case_stats(results[sizes[0]]["runs"][key])["rate"])
+                left_out.setdefault((key[0], t), []).append(t / rate)
+    if left_out:
+        lines += ["", "Not run at the larger size (`--large-systems`), with the pass one case would take there "
+                  "at its tokens/s on the main corpus: " + "; ".join(
+                      f"{NAMES[system]} at {t / M:g}M tokens, {min(secs):.0f}-{max(secs):.0f} s a pass"
+                      for (system, t), secs in left_out.items()) + "."]
     return lines
 
 
@@ -952,6 +988,101 @@ def resume_table(res: dict, args) -> list[str]:
             cells.append(f"{spread(r['times'][b], fmt='{:.3f}')} s, batch {b}/{r['batches']}, "
                          f"{'exact' if exact else '**not exact**'} ({checked} batches checked)")
         lines.append(f"| {NAMES[system]} | {fresh_s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+PEERS = tuple(s for s in SYSTEMS if s != "streamforge")
+
+
+def _rate(res: dict, key) -> float | None:
+    rs = res["runs"].get(key) or []
+    return med(case_stats(rs)["rate"]) if rs else None
+
+
+def _best_peer(res: dict, workers: int, backend: str, what: str = "rate", least: bool = False):
+    """(system, median) of the peer with the highest ``what`` (the lowest with ``least``) in
+    one configuration, or None when no peer ran there."""
+    found = []
+    for system in PEERS:
+        rs = res["runs"].get((system, workers, backend)) or []
+        values = case_stats(rs)[what] if rs else []
+        if values:
+            found.append((med(values), system))
+    if not found:
+        return None
+    value, system = min(found) if least else max(found)
+    return system, value
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "**missed**")
+
+
+def targets_table(res: dict, args, larger: dict | None = None) -> list[str]:
+    """Each target of the comparison, measured in this run on the main corpus: streamforge's
+    figure, the figure it is held against, and whether it is met; ``larger`` (size: results)
+    adds the workers target on the larger corpora."""
+    rows = []
+    for w, b in ((0, "local"), (2, "local"), (2, "s3")):
+        ours, best = _rate(res, ("streamforge", w, b)), _best_peer(res, w, b)
+        if ours and best:
+            rows.append((f"tokens/s >= 1.5x the fastest peer, {w} workers, {'local' if b == 'local' else 'S3'}",
+                         f"{ours / M:.1f}M", f"{NAMES[best[0]]} {best[1] / M:.1f}M",
+                         f"{ours / best[1]:.2f}x", ours >= 1.5 * best[1]))
+    contract, ours0, best0 = _rate(res, ("contract", 0, "local")), _rate(res, ("streamforge", 0, "local")), \
+        _best_peer(res, 0, "local")
+    if contract and best0:
+        rows.append(("bound: the full contract from a flat memmap (no decode, no shuffle, one core) / the "
+                     "fastest peer, 0 workers, local", f"{contract / M:.1f}M", f"{best0[1] / M:.1f}M",
+                     f"{contract / best0[1]:.2f}x", None))
+    for w in sorted({w for (_, w, b) in res["runs"] if b == "s3"}):
+        rs = res["runs"].get(("streamforge", w, "s3")) or []
+        best = _best_peer(res, w, "s3", "first", least=True)
+        if rs and best:
+            ours = med(case_stats(rs)["first"])
+            rows.append((f"first batch from S3 <= 0.5x the fastest peer's, {w} workers", f"{ours:.3f} s",
+                         f"{NAMES[best[0]]} {best[1]:.3f} s", f"{ours / best[1]:.2f}x", ours <= 0.5 * best[1]))
+    resume = res.get("resume") or {}
+    ours_r = resume.get("streamforge") or {}
+    for i, frac in enumerate(POSITIONS):
+        if "at" not in ours_r or i >= len(ours_r["at"]):
+            break
+        ours = ours_r["times"].get(ours_r["at"][i]) or ours_r["times"].get(str(ours_r["at"][i]))
+        peers = []
+        for system in PEERS:
+            r = resume.get(system) or {}
+            if "at" not in r or i >= len(r["at"]):
+                continue
+            b = r["at"][i]
+            times, exact = r["times"].get(b) or r["times"].get(str(b)), r["exact"].get(b) or r["exact"].get(str(b))
+            if times and exact and all(exact):
+                peers.append((med(times), system))
+        if ours and peers:
+            best_t, best_s = min(peers)
+            rows.append((f"resume at {frac:.0%} <= 0.5x the fastest exact peer's, {args.resume_workers} workers",
+                         f"{med(ours):.3f} s", f"{NAMES[best_s]} {best_t:.3f} s", f"{med(ours) / best_t:.2f}x",
+                         med(ours) <= 0.5 * best_t))
+    lightest = _best_peer(res, 0, "local", "rss", least=True)
+    for system in ("streamforge", EQUAL):
+        rs = res["runs"].get((system, 0, "local")) or []
+        if rs and lightest and case_stats(rs)["rss"]:
+            ours = med(case_stats(rs)["rss"])
+            rows.append((f"peak RSS <= the lightest peer's, 0 workers, local: {NAMES[system]}",
+                         f"{ours / 2**20:.0f} MiB", f"{NAMES[lightest[0]]} {lightest[1] / 2**20:.0f} MiB",
+                         f"{ours / lightest[1]:.2f}x", ours <= lightest[1]))
+    for size, sized in [(None, res)] + [(t, r) for t, r in sorted((larger or {}).items())]:
+        for b in ("local", "s3"):
+            two, zero = _rate(sized, ("streamforge", 2, b)), _rate(sized, ("streamforge", 0, b))
+            if two and zero:
+                at = f", {size / M:g}M-token corpus" if size else ""
+                rows.append((f"2 workers >= 0 workers, {'local' if b == 'local' else 'S3'}{at}", f"{two / M:.1f}M",
+                             f"{zero / M:.1f}M", f"{two / zero:.2f}x", two >= zero))
+    zstd = _rate(res, ("zstd", 0, "local"))
+    if zstd and ours0:
+        rows.append(("0 workers, local >= 50% of raw zstd decoding of the same shards (one core)",
+                     f"{ours0 / M:.1f}M", f"{zstd / M:.1f}M", f"{ours0 / zstd:.0%}", ours0 >= 0.5 * zstd))
+    lines = ["| target | streamforge | against | ratio | |", "|---|---|---|---|---|"]
+    lines += [f"| {t} | {a} | {b} | {r} | {_verdict(ok)} |" for t, a, b, r, ok in rows]
     return lines
 
 
@@ -1013,11 +1144,12 @@ def plot_peers(res: dict, path: str, title: str) -> None:
 
 
 def peers_section(results: dict, metas: dict, args, command: str, versions: dict) -> str:
-    big = max(results)
-    res, meta = results[big], metas[big]
+    main = min(results)
+    res, meta = results[main], metas[main]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     vers = ", ".join(f"{k} {v}" for k, v in versions.items())
-    small = [t for t in sorted(results) if t != big]
+    large = [t for t in sorted(results) if t != main]
+    sizes_text = ", ".join(f"{metas[t]['documents']:,} documents, {metas[t]['tokens']:,} tokens" for t in large)
     lines = [
         "## streamforge next to LitData, MosaicML Streaming and WebDataset (`tools/bench_peers.py`)", "",
         f"`{command}`, {datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} CPUs "
@@ -1047,13 +1179,15 @@ def peers_section(results: dict, metas: dict, args, command: str, versions: dict
         "with the same workers and storage (ceilings: over streamforge's with 0 workers, local disk).", "",
         "![tokens/s per system](img/peers_throughput.png)", "",
         *throughput_table(res, args), "",
+        f"{NAMES[EQUAL]}: `shuffle_buffer={EQUAL_SHUFFLE}` (about the 2M tokens of WebDataset's 1000-block "
+        f"sample buffer) and `StorageConfig(prefetch_bytes={EQUAL_READ_AHEAD >> 20} MiB)`, the settings at which "
+        "its memory is compared (docs/storage.md says what each knob buys).", "",
     ]
-    if small:
+    if large:
         lines += [
-            "Start-up against steady state: the same cases on a corpus 10x smaller (tokens/s, medians); a "
-            "system whose fixed costs (worker start, index reads, first downloads) matter shows a large "
-            "ratio. " + ("The issue asks for 50M and 500M tokens; on this shared 2-core machine the run "
-                         "used the sizes shown, 10x apart." if big < 500e6 else ""), "",
+            "Start-up against steady state: the same cases on a corpus 10x larger, written the same way "
+            f"({sizes_text}; tokens/s, medians); "
+            "a system whose fixed costs (worker start, index reads, first downloads) matter gains most.", "",
             *scale_table(results, args), "",
         ]
     if res["resume"]:
@@ -1069,6 +1203,8 @@ def peers_section(results: dict, metas: dict, args, command: str, versions: dict
             *resume_table(res, args), "",
         ]
     lines += [
+        "The targets, each measured in this run (a bound is a ceiling, not a target):", "",
+        *targets_table(res, args, {t: results[t] for t in large}), "",
         "Workarounds, all confined to the benchmark's own processes:", "",
         "- **MosaicML Streaming** imports torchvision when it is imported (`streaming.vision`), and the "
         "registry's torchvision wheel does not load with this torch (`RuntimeError: operator torchvision::nms "
@@ -1349,6 +1485,8 @@ def parse_args(argv):
                         "(start-up against steady state); default 50e6 500e6")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--large-systems", nargs="+", choices=SYSTEMS,
+                   help="systems measured at the sizes above the smallest (default: all of --systems)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--backends", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     p.add_argument("--resume-workers", type=int, default=2)
@@ -1385,7 +1523,7 @@ def main(argv=None) -> int:
         for tokens in args.tokens:
             meta = ensure_flat(os.path.join(args.workdir, f"t{tokens}"), tokens)
             print(f"corpus t{tokens}: {meta['documents']:,} documents, {meta['tokens']:,} tokens", flush=True)
-            ensure_formats(meta, args.systems, args.timeout)
+            ensure_formats(meta, systems_at(args, tokens), args.timeout)
             metas[tokens] = meta
         s3 = None
         if "s3" in args.backends:
@@ -1393,10 +1531,10 @@ def main(argv=None) -> int:
         try:
             for tokens, meta in metas.items():
                 if s3:
-                    for system in args.systems:
+                    for system in systems_at(args, tokens):
                         if "error" not in meta["formats"][system]:
                             s3.upload(meta["formats"][system]["dir"], f"{os.path.basename(meta['root'])}/{system}")
-                results[tokens] = measure_size(meta, args, s3)
+                results[tokens] = measure_size(tokens, meta, args, s3)
         finally:
             if s3:
                 s3.stop()
@@ -1408,8 +1546,8 @@ def main(argv=None) -> int:
         if not args.no_write:
             from _benchdoc import publish
 
-            title = f"One pass of {BATCH}x{BLOCK} blocks, {max(results) / M:g}M tokens"
-            publish("peers", text, args.out, lambda path: plot_peers(results[max(results)], path, title),
+            title = f"One pass of {BATCH}x{BLOCK} blocks, {min(results) / M:g}M tokens"
+            publish("peers", text, args.out, lambda path: plot_peers(results[min(results)], path, title),
                     "peers_throughput.png")
     if not args.no_growth:
         g = measure_growth(args)
