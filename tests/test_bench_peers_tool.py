@@ -45,3 +45,7 @@ def test_streamforge_path_of_the_peers_benchmark(tmp_path):
         package, name = PEERS[system]
         assert f"| {name} | not written: `{package}` is not installed" in text
     assert not (tmp_path / "bench.md").exists()
+    # the report again from the saved results, measuring nothing: the same tables
+    again = subprocess.run(cmd + ["--report-only"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert text[text.index("| system | workers |"):] == again.stdout[again.stdout.index("| system | workers |"):]

@@ -1018,6 +1018,23 @@ def _verdict(ok: bool | None) -> str:
     return "-" if ok is None else ("met" if ok else "**missed**")
 
 
+def bound_note(res: dict) -> list[str]:
+    """What bounds the 0-worker throughput target, from this run's ceilings."""
+    contract, zstd, best = _rate(res, ("contract", 0, "local")), _rate(res, ("zstd", 0, "local")), \
+        _best_peer(res, 0, "local")
+    if not (contract and zstd and best):
+        return []
+    one_core = 1 / (1 / contract + 1 / zstd)
+    return [
+        f"What bounds the 0-worker target: building the five tensors of the contract, with no decode, no "
+        f"shuffle and no state, runs at {contract / M:.0f}M tokens/s on one core ({contract / best[1]:.2f}x "
+        f"{NAMES[best[0]]}); with zstd decoding on the same core the two come to {one_core / M:.0f}M "
+        f"({one_core / best[1]:.2f}x), and with the decoding moved to the second core, as the read-ahead does, "
+        f"the contract alone is the bound. 1.5x the fastest peer is {1.5 * best[1] / contract:.0%} of that "
+        "ceiling, before any shuffling, packing or state is paid for.", "",
+    ]
+
+
 def targets_table(res: dict, args, larger: dict | None = None) -> list[str]:
     """Each target of the comparison, measured in this run on the main corpus: streamforge's
     figure, the figure it is held against, and whether it is met; ``larger`` (size: results)
@@ -1143,16 +1160,16 @@ def plot_peers(res: dict, path: str, title: str) -> None:
     save_figure(fig, path)
 
 
-def peers_section(results: dict, metas: dict, args, command: str, versions: dict) -> str:
+def peers_section(results: dict, metas: dict, args, run: dict) -> str:
     main = min(results)
     res, meta = results[main], metas[main]
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    vers = ", ".join(f"{k} {v}" for k, v in versions.items())
+    command, load = run["command"], run["load"]
+    vers = ", ".join(f"{k} {v}" for k, v in run["versions"].items())
     large = [t for t in sorted(results) if t != main]
     sizes_text = ", ".join(f"{metas[t]['documents']:,} documents, {metas[t]['tokens']:,} tokens" for t in large)
     lines = [
         "## streamforge next to LitData, MosaicML Streaming and WebDataset (`tools/bench_peers.py`)", "",
-        f"`{command}`, {datetime.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} CPUs "
+        f"`{command}`, {run['date']}, {platform.machine()} with {os.cpu_count()} CPUs "
         f"(shared with other work; load average {load} at the end), Python {platform.python_version()}.", "",
         f"Versions: {vers}.", "",
         f"Corpus: {meta['documents']:,} documents, {meta['tokens']:,} tokens (plus one EOS each), lognormal "
@@ -1205,6 +1222,7 @@ def peers_section(results: dict, metas: dict, args, command: str, versions: dict
     lines += [
         "The targets, each measured in this run (a bound is a ceiling, not a target):", "",
         *targets_table(res, args, {t: results[t] for t in large}), "",
+        *bound_note(res),
         "Workarounds, all confined to the benchmark's own processes:", "",
         "- **MosaicML Streaming** imports torchvision when it is imported (`streaming.vision`), and the "
         "registry's torchvision wheel does not load with this torch (`RuntimeError: operator torchvision::nms "
@@ -1502,6 +1520,8 @@ def parse_args(argv):
     p.add_argument("--out", default=os.path.join("docs", "benchmarks.md"))
     p.add_argument("--workdir", default=os.path.join(ROOT, "bench-out", "peers"))
     p.add_argument("--no-write", action="store_true", help="print only; leave docs alone")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the peers section again from the last run's results (last-run.json), measuring nothing")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.tokens = sorted(int(t) for t in args.tokens)
@@ -1518,6 +1538,8 @@ def main(argv=None) -> int:
         return 0
     command = "python tools/bench_peers.py " + " ".join(sys.argv[1:] if argv is None else argv)
     results = {}
+    if args.report_only:
+        return report_only(args)
     if not args.only_growth:
         metas = {}
         for tokens in args.tokens:
@@ -1538,17 +1560,13 @@ def main(argv=None) -> int:
         finally:
             if s3:
                 s3.stop()
-        dump = {"metas": {str(t): m for t, m in metas.items()}, "results": {str(t): encode(r) for t, r in results.items()}}
+        run = {"command": command.strip(), "versions": package_versions(), "date": datetime.date.today().isoformat(),
+               "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()), "args": vars(args)}
+        dump = {"metas": {str(t): m for t, m in metas.items()}, "results": {str(t): encode(r) for t, r in results.items()},
+                "run": run}
         with open(os.path.join(args.workdir, "last-run.json"), "w") as f:
             json.dump(dump, f, indent=1)
-        text = peers_section(results, metas, args, command.strip(), package_versions())
-        print(text)
-        if not args.no_write:
-            from _benchdoc import publish
-
-            title = f"One pass of {BATCH}x{BLOCK} blocks, {min(results) / M:g}M tokens"
-            publish("peers", text, args.out, lambda path: plot_peers(results[min(results)], path, title),
-                    "peers_throughput.png")
+        publish_peers(results, metas, args, run)
     if not args.no_growth:
         g = measure_growth(args)
         text = growth_section(g, args, command.strip())
@@ -1558,6 +1576,46 @@ def main(argv=None) -> int:
 
             publish("growth", text, args.out, lambda path: plot_growth(g, path), "growth.png")
     return 0
+
+
+def publish_peers(results: dict, metas: dict, args, run: dict) -> None:
+    text = peers_section(results, metas, args, run)
+    print(text)
+    if not args.no_write:
+        from _benchdoc import publish
+
+        title = f"One pass of {BATCH}x{BLOCK} blocks, {min(results) / M:g}M tokens"
+        publish("peers", text, args.out, lambda path: plot_peers(results[min(results)], path, title),
+                "peers_throughput.png")
+
+
+def report_only(args) -> int:
+    """Write the peers section again from the last run's results (``last-run.json``), with that
+    run's command, settings, versions and date: a change to the report without a rerun."""
+    with open(os.path.join(args.workdir, "last-run.json")) as f:
+        dump = json.load(f)
+    run = dump.get("run")
+    if run is None:  # a run from before the run was saved: its settings as given now
+        run = {"command": "python tools/bench_peers.py " + " ".join(a for a in sys.argv[1:] if a != "--report-only"),
+               "versions": package_versions(), "date": datetime.date.today().isoformat(),
+               "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()), "args": vars(args)}
+    for key in ("systems", "large_systems", "workers", "backends", "repeats", "resume_workers", "resume_check"):
+        setattr(args, key, run["args"][key])
+    args.tokens = sorted(int(t) for t in dump["results"])
+    metas = {int(t): m for t, m in dump["metas"].items()}
+    results = {int(t): decode(r) for t, r in dump["results"].items()}
+    publish_peers(results, metas, args, run)
+    return 0
+
+
+def decode(res: dict) -> dict:
+    """A size's results from JSON: 'system|workers|backend' keys back to tuples."""
+    def key(text: str) -> tuple:
+        system, workers, backend = text.split("|")
+        return system, int(workers), backend
+
+    return {"runs": {key(k): v for k, v in res["runs"].items()}, "errors": {key(k): v for k, v in res["errors"].items()},
+            "resume": res["resume"]}
 
 
 def encode(obj):
