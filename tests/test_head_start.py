@@ -1,0 +1,67 @@
+"""With worker processes, an iteration's first batch is built in the training process while
+no worker runs yet (``StreamingLoader._head_start``); the workers start from the state after
+it, and the batches, states and counters are those of a loader without it."""
+
+import json
+
+import pytest
+
+import streamforge.loader as loader_module
+from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from streamforge.batch import expand
+
+
+def _by_hand(ds, num_workers: int, n: int) -> list:
+    """The clock's definition: batch i of a pass from logical worker i % W's pipeline."""
+    job = loader(ds, num_workers=num_workers)._job([None] * num_workers)
+    pipelines = [job.pipeline(w) for w in range(num_workers)]
+    try:
+        return [expand(pipelines[i % num_workers].next_batch(job.batch_size)) for i in range(n)]
+    finally:
+        for p in pipelines:
+            p.close()
+
+
+def test_the_first_batch_comes_before_any_worker_process_starts(tmp_path, rng, monkeypatch):
+    ds = dataset(make_corpus(tmp_path, rng), seq_len=32)
+    started = []
+    real = loader_module.process_batches
+
+    def spy(*args, **kwargs):
+        started.append(True)
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "process_batches", spy)
+    ld = loader(ds, num_workers=2)
+    it = iter(ld)
+    first = next(it)
+    assert not started  # built here: the workers are started only for the next batch
+    second = next(it)
+    assert started
+    del it
+    assert_batches_equal([first, second], _by_hand(ds, 2, 2))
+
+
+@pytest.mark.parametrize("at", [1, 2, 3, 7])
+def test_resumes_with_workers_equal_those_without(tmp_path, rng, at):
+    ds = dataset(make_corpus(tmp_path, rng), seq_len=32)
+    reference = _by_hand(ds, 2, 30)
+    assert_batches_equal(take(loader(ds, num_workers=2), 30), reference)
+    first = loader(ds, num_workers=2)
+    take(first, at)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = loader(ds, num_workers=2)
+    resumed.load_state_dict(state)
+    assert_batches_equal(take(resumed, 30 - at), reference[at:])
+    # the counters hold the head start's reads as well as the workers'
+    assert resumed.stats()["streams"]["web"]["frames_decoded"] > 0
+
+
+def test_a_pass_with_workers_counts_what_it_handed_out(tmp_path, rng):
+    ds = dataset(make_corpus(tmp_path, rng), seq_len=32)
+    ld = loader(ds, num_workers=2)
+    batches = take(ld)
+    stats = ld.stats()
+    for i, name in enumerate(("web", "code", "books")):
+        handed = sum(int(((b["source_ids"] == i) & (b["doc_ids"] >= 0)).sum()) for b in batches)
+        assert stats["streams"][name]["tokens"] == handed
