@@ -28,10 +28,9 @@ a whole pass's tokens/s unchanged (``tools/bench_against.py``, 0.994x).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
-
 import copy
 import dataclasses
+from typing import Any, Iterator, Sequence
 
 import torch
 
