@@ -19,12 +19,16 @@ from .ledger import read_ledger
 from .metrics import StreamLoss
 from .masks import cu_seqlens, document_block_mask, packed_causal_mask
 from .state import ResumeReport, merge_states, unpack_state
+from .storage.config import HedgePolicy, RetryPolicy, StorageConfig
 
 __version__ = "0.1.0"
 
 __all__ = sorted(
     [
         "ConfigError",
+        "HedgePolicy",
+        "RetryPolicy",
+        "StorageConfig",
         "LedgerError",
         "Manifest",
         "ManifestError",

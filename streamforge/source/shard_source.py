@@ -365,6 +365,8 @@ class ShardSource:
             "cache_corrupt": self.cache.corrupt if self.cache else 0,
             "cache_evicted": self.cache.evicted if self.cache else 0,
             "prefetch_waits": prefetcher.waits if prefetcher else 0,
+            "prefetch_wait_s": prefetcher.wait_seconds if prefetcher else 0.0,
+            "fetch_busy_s": prefetcher.busy_seconds if prefetcher else 0.0,
         }
         needed = c["bytes_needed"]
         out["read_amplification"] = out["bytes_fetched"] / needed if needed else 0.0

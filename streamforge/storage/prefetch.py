@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -80,7 +81,9 @@ class Prefetcher:
         self._workers: list[threading.Thread] = []
         self._scheduler: threading.Thread | None = None
         self.hits = 0
-        self.waits = 0
+        self.waits = 0  # takes that found the scheduler behind the reader
+        self.wait_seconds = 0.0  # the reader's time in take() waiting for frames, for any reason
+        self.busy_seconds = 0.0  # the fetch threads' time in fetch (summed over threads)
 
     @property
     def held_bytes(self) -> int:
@@ -125,8 +128,10 @@ class Prefetcher:
                 self._reader_pos = pos
                 self._drop_passed()
             generation = self._generation
+            began = None
             if key not in self._entries and self._progress <= pos:
-                self.waits += 1
+                self.waits += 1  # the reader is ahead of the scheduler
+                began = time.perf_counter()
                 while (
                     key not in self._entries
                     and self._progress <= pos
@@ -135,10 +140,14 @@ class Prefetcher:
                 ):
                     self._cond.wait()
             entry = self._entries.get(key)
+            if entry is not None and not entry.done:
+                began = began or time.perf_counter()
+                while not entry.done and self._entries.get(key) is entry:
+                    self._cond.wait()
+            if began is not None:  # a wait for the scheduler, a fetch in flight, or both
+                self.wait_seconds += time.perf_counter() - began
             if entry is None:
                 return None
-            while not entry.done and self._entries.get(key) is entry:
-                self._cond.wait()
             if self._entries.get(key) is not entry:
                 return None  # the plan was replaced while waiting
             del self._entries[key]
@@ -262,11 +271,13 @@ class Prefetcher:
         with self._cond:
             if generation != self._generation:
                 return
+        began = time.perf_counter()
         try:
             buffers, error = self._fetch(unit), None
         except BaseException as exc:  # noqa: BLE001 - handed to the reader in take()
             buffers, error = [None] * len(keys), exc
         with self._cond:
+            self.busy_seconds += time.perf_counter() - began
             for k, e, buf in zip(keys, entries, buffers):
                 e.done = True
                 if generation != self._generation or self._entries.get(k) is not e:

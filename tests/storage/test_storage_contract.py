@@ -29,6 +29,7 @@ def test_full_stream_equals_written_docs(corpus, docs, prefetch):
     assert stats["bytes_fetched"] == manifest.num_bytes  # each byte exactly once
     assert stats["requests"] <= manifest.num_shards * 4 if prefetch else True
     assert stats["prefetch_hits"] == (stats["frames_decoded"] if prefetch else 0)
+    assert (stats["fetch_busy_s"] > 0) == bool(prefetch) and stats["prefetch_wait_s"] >= 0
     source.close()
 
 

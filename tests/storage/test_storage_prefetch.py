@@ -138,3 +138,38 @@ def test_fetched_frames_count_what_they_hold_against_the_budget():
         assert pf.held_bytes == 0
     finally:
         pf.close()
+
+
+def test_the_reader_s_waits_and_the_fetch_threads_busy_time_are_counted():
+    """``wait_seconds``: the reader's time in ``take`` until its frame is there, planned or in
+    flight (``waits`` counts only the scheduler being behind); ``busy_seconds``: the fetch threads' time in fetch. A frame
+    fetched before the reader asks costs no wait."""
+    import threading
+    import time
+
+    from streamforge.storage.prefetch import Prefetcher
+
+    gate = threading.Event()
+
+    def fetch(unit):
+        if unit.range_idx == 0:
+            gate.wait(5)  # in flight until the reader has started waiting
+        time.sleep(0.05)
+        return [bytes(10) for _ in range(unit.first, unit.stop)]
+
+    pf = Prefetcher(fetch, budget=1 << 20, threads=1)
+    units = [FetchUnit(0, 0, 0, 1, 20), FetchUnit(1, 0, 1, 2, 20)]
+    pf.plan(units)
+    try:
+        threading.Timer(0.05, gate.set).start()
+        assert pf.take((0, 0), (0, 0)) == bytes(10)
+        assert pf.wait_seconds >= 0.09
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and pf.busy_seconds < 0.14:
+            time.sleep(0.01)
+        waited = pf.wait_seconds
+        assert pf.take((0, 1), (1, 1)) == bytes(10)  # fetched already: no wait
+        assert pf.wait_seconds == waited
+        assert 0.14 <= pf.busy_seconds < 5  # unit 0 in flight about 0.1 s, unit 1 0.05 s
+    finally:
+        pf.close()
