@@ -26,9 +26,6 @@ __version__ = "0.1.0"
 __all__ = sorted(
     [
         "ConfigError",
-        "HedgePolicy",
-        "RetryPolicy",
-        "StorageConfig",
         "LedgerError",
         "Manifest",
         "ManifestError",
@@ -51,5 +48,8 @@ __all__ = sorted(
         "unpack_state",
         "document_block_mask",
         "packed_causal_mask",
+        "HedgePolicy",
+        "RetryPolicy",
+        "StorageConfig",
     ]
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "benchmarks.md")
 HEADER = (
@@ -70,3 +71,11 @@ def cached_meta(root: str, params: dict) -> dict | None:
     with open(meta_path) as f:
         meta = json.load(f)
     return meta if meta.get("params") == params else None
+
+
+def spread(values, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    """'median (min-max)' of ``values / scale``; the value alone when there is one."""
+    v = [x / scale for x in values]
+    if len(v) == 1:
+        return fmt.format(v[0])
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"

@@ -73,6 +73,8 @@ sys.path.insert(0, TOOLS)
 
 import numpy as np  # noqa: E402
 
+from _benchdoc import spread  # noqa: E402
+
 VOCAB = 50257
 EOS = 50256
 SEQ_LEN = 2048
@@ -891,14 +893,6 @@ def measure_resume(meta: dict, args, systems: list[str], runs: dict, errors: dic
 # ================================================================================================
 def med(values) -> float:
     return float(statistics.median(values))
-
-
-def spread(values, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
-    """'median (min-max)' of ``values / scale``."""
-    v = [x / scale for x in values]
-    if len(v) == 1:
-        return fmt.format(v[0])
-    return f"{fmt.format(med(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
 
 
 def case_stats(rs: list[dict]) -> dict:

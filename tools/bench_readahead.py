@@ -32,7 +32,7 @@ import sys
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _benchdoc import update_section  # noqa: E402
+from _benchdoc import spread, update_section  # noqa: E402
 
 PASS = r"""
 import json, resource, sys, time
@@ -67,10 +67,6 @@ def one_pass(url: str, mode: str, budget: int, threads: int) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"the {mode} pass ({budget >> 20} MiB, {threads} threads) failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _spread(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def main(argv=None) -> None:
@@ -109,10 +105,10 @@ def main(argv=None) -> None:
             seconds = [r["seconds"] for r in runs]
             busy_share = [r["busy"] / (r["seconds"] * threads) for r in runs]
             rows.append(
-                f"| {mode} | {budget} MiB | {threads} | {_spread(seconds, '.3f')} | "
+                f"| {mode} | {budget} MiB | {threads} | {spread(seconds, fmt='{:.3f}')} | "
                 f"{statistics.median(r['tokens'] / r['seconds'] for r in runs) / 1e6:.1f}M | "
-                f"{base / statistics.median(seconds):.2f}x | {_spread([r['wait'] for r in runs], '.3f')} | "
-                f"{_spread([100 * b for b in busy_share], '.0f')}% | {statistics.median(r['rss_mib'] for r in runs):.0f} |"
+                f"{base / statistics.median(seconds):.2f}x | {spread([r['wait'] for r in runs], fmt='{:.3f}')} | "
+                f"{spread(busy_share, 0.01, '{:.0f}')}% | {statistics.median(r['rss_mib'] for r in runs):.0f} |"
             )
     command = "python tools/bench_readahead.py" + (f" --url {args.url}" if args.url else "") + (
         f" --threads {' '.join(map(str, args.threads))} --budgets {' '.join(map(str, args.budgets))}"

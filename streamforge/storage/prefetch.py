@@ -141,7 +141,8 @@ class Prefetcher:
                     self._cond.wait()
             entry = self._entries.get(key)
             if entry is not None and not entry.done:
-                began = began or time.perf_counter()
+                if began is None:
+                    began = time.perf_counter()
                 while not entry.done and self._entries.get(key) is entry:
                     self._cond.wait()
             if began is not None:  # a wait for the scheduler, a fetch in flight, or both
