@@ -65,3 +65,29 @@ def test_a_pass_with_workers_counts_what_it_handed_out(tmp_path, rng):
     for i, name in enumerate(("web", "code", "books")):
         handed = sum(int(((b["source_ids"] == i) & (b["doc_ids"] >= 0)).sum()) for b in batches)
         assert stats["streams"][name]["tokens"] == handed
+
+
+def test_no_thread_of_the_head_start_is_alive_when_the_workers_start(tmp_path, rng, monkeypatch):
+    """The head start of a resume fetches its frames on threads (``fetch_now``); the workers
+    are forked after it, so none of them may still run."""
+    import threading
+
+    from streamforge.storage.config import StorageConfig
+
+    ds = dataset(make_corpus(tmp_path, rng), seq_len=32, storage=StorageConfig(prefetch_bytes=1 << 20))
+    alive, before = [], set()
+    real = loader_module.process_batches
+
+    def spy(*args, **kwargs):  # threads started since ``before`` (other tests' may linger)
+        alive.append([t.name for t in threading.enumerate() if t not in before])
+        yield from real(*args, **kwargs)
+
+    monkeypatch.setattr(loader_module, "process_batches", spy)
+    first = loader(ds, num_workers=2)
+    before.update(threading.enumerate())
+    take(first, 5)
+    resumed = loader(ds, num_workers=2)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    before.update(threading.enumerate())
+    take(resumed, 3)
+    assert alive == [[], []], alive

@@ -45,6 +45,7 @@ class ReadAhead:
         self._plan_cursor = 0
         self._thread_local = threading.local()
         self._index_pool: DaemonPool | None = None
+        self._ready: dict[tuple[int, int], tuple] = {}  # (shard, frame) -> fetched item (fetch_now)
 
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
@@ -53,6 +54,7 @@ class ReadAhead:
         for i, (s, _, _) in enumerate(self._plan):
             self._plan_by_shard.setdefault(s, []).append(i)
         self._plan_cursor = 0
+        self._ready.clear()
         budget, threads = self.budget()
         if budget <= 0:
             return
@@ -78,7 +80,45 @@ class ReadAhead:
             self._indexes_ahead(added)
             self.prefetcher.extend(self._units(added, first))
 
+    def fetch_now(self, ranges: list[tuple[int, int, int]], threads: int) -> None:
+        """Fetch and decode the frames of ``ranges`` at once, on ``threads`` threads (this one
+        among them), all joined before returning, for the reads that follow. For a reader
+        without read-ahead that is about to read several ranges in a row (a restored window's
+        first batch, built while no thread may be left running): zstd and the storage
+        requests release the GIL, so the frames decode side by side instead of one after
+        another. A range that fails is left for its read to fetch again and raise, with its
+        context; what no read takes is dropped at the next plan."""
+        units = []
+        for s, a, b in ranges:
+            index = self.source.index(s)
+            units.append(FetchUnit(0, s, int(index.frame_of_record(a)), int(index.frame_of_record(b - 1)) + 1, 0))
+        ready = self._ready
+        lock = threading.Lock()
+        todo = iter(units)
+
+        def work() -> None:
+            while True:
+                with lock:
+                    unit = next(todo, None)
+                if unit is None:
+                    return
+                try:
+                    got = self._fetch_unit(unit)
+                except Exception:  # noqa: BLE001 - the read of this range raises it
+                    continue
+                for f, item in zip(range(unit.first, unit.stop), got):
+                    ready[(unit.shard, f)] = item
+
+        helpers = [threading.Thread(target=work, name=f"sf-fetch-now-{i}", daemon=True)
+                   for i in range(min(threads, len(units)) - 1)]
+        for t in helpers:
+            t.start()
+        work()
+        for t in helpers:
+            t.join()
+
     def close(self) -> None:
+        self._ready.clear()
         if self.prefetcher is not None:
             self.prefetcher.close()
             self.prefetcher = None
@@ -103,6 +143,8 @@ class ReadAhead:
     def take(self, shard: int, start: int, frames: list[int], index: ShardIndex) -> list:
         """The prefetched ``(buffer, from_cache, raw)`` of each of ``frames`` (in order) of a read
         of ``shard`` from record ``start``; None for a frame not prefetched."""
+        if self._ready:
+            return [self._ready.pop((shard, f), None) for f in frames]
         pf = self.prefetcher
         j = self._plan_pos(shard, start) if pf is not None else None
         if j is None:

@@ -42,6 +42,7 @@ its key, the first ``pos`` documents skipped, ``offset`` tokens into the next on
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -182,8 +183,7 @@ class ShuffleBuffer:
         source = self.reader.source
         if reading and skip == 0:
             self.reader.announce()  # indexes and frames start coming while the window is laid out
-        shard, record, lengths = _window_records(source, ranges)
-        order = _nonempty_order(lengths, self._key() if reading else int(unit["key"]))
+        shard, record, lengths, order = _window_order(source, ranges, self._key() if reading else int(unit["key"]))
         if len(order) == 0:
             if reading:
                 self.reader.skip(len(record))
@@ -234,7 +234,7 @@ class ShuffleBuffer:
         source = self.reader.source
         lens = lengths[order].copy()
         lens[:skip] = 0
-        self._layout(order, lens, shard, record, [_EMPTY] * (len(order) - skip), source.dtype, skip)
+        self._layout(order, lens, shard, record, None, source.dtype, skip)
         units = _restore_units(source, ranges, shard[order[skip:]], record[order[skip:]], skip)
         plan_reads = getattr(source, "plan_reads", None)
         if plan_reads is not None:
@@ -247,8 +247,15 @@ class ShuffleBuffer:
         pending = self._pending
         source = self.reader.source
         dtype, stride = source.dtype, self._stride
+        fetch_now = getattr(source, "fetch_now", None)
+        if fetch_now is not None and pending.ready < stop:  # the frames read below, side by side
+            now = itertools.takewhile(lambda u: u[3][0] < stop, itertools.islice(pending.units, pending.next, None))
+            fetch_now([(s, min(records), max(records) + 1) for s, _, _, _, records in now])
         while pending.ready < stop:
-            s, a, b, emit, records = pending.units[pending.next]
+            s, _, _, emit, records = pending.units[pending.next]
+            # only the frame's records from the first pending one to the last: the frame is
+            # decoded whole either way, but no view is made of the records around them
+            a, b = min(records), max(records) + 1
             docs = source.read(s, a, b)
             if len(docs) != b - a:
                 raise ShardCorruptError(f"{source.where(s, None, (a, b))}: {len(docs)} of {b - a} records read back")
@@ -274,7 +281,10 @@ class ShuffleBuffer:
         cost a second copy of every token and a window's worth of memory at each fill."""
         out_lens = lens.copy()
         nothing = _EMPTY.view(dtype)
-        docs = [nothing] * skip + [p.view(dtype) for p in pieces]
+        # pieces None: a restore, every document laid out empty until its frame is read
+        docs = [nothing] * (len(order) if pieces is None else skip) + (
+            [] if pieces is None else [p.view(dtype) for p in pieces]
+        )
         if self.eos_id is None:
             self._stride, parts = 1, docs
         else:
@@ -286,7 +296,8 @@ class ShuffleBuffer:
             parts[0::2] = docs
             # an empty piece (a record the source skipped as damaged, or one handed on before
             # a restore) gets no EOS
-            for i in np.flatnonzero(~nonempty).tolist():
+            parts[1 : 2 * skip : 2] = [nothing] * skip
+            for i in (np.flatnonzero(~nonempty[skip:]) + skip).tolist():
                 parts[2 * i + 1] = nothing
             self._eos = eos
         self._docs = docs
@@ -463,8 +474,9 @@ class ShuffleBuffer:
                 raise ResumeMismatchError(f"{where}: pos {pos} is before where resumed window "
                                           f"{self.window_idx} starts ({item['pos']})")
             return
-        shard, record, lengths = _window_records(self.reader.source, self.reader.peek_ranges(self.window_size()))
-        order = _nonempty_order(lengths, self._key())
+        shard, record, lengths, order = _window_order(
+            self.reader.source, self.reader.peek_ranges(self.window_size()), self._key(), keep=True
+        )
         if pos >= len(order):
             raise ResumeMismatchError(f"{where}: pos {pos} is outside window {self.window_idx} of {len(order)} documents")
         length = int(lengths[order[pos]]) + (self.eos_id is not None)
@@ -534,8 +546,8 @@ class ShuffleBuffer:
 
     def _unit(self, ranges, key: int, pos: int, offset: int) -> dict:
         """A saved window's rest, with the tokens and documents it still holds."""
-        _, _, lengths = _window_records(self.reader.source, ranges)
-        order = _nonempty_order(lengths, key)[pos:]
+        _, _, lengths, order = _window_order(self.reader.source, ranges, key)
+        order = order[pos:]
         tokens = int(lengths[order].sum()) + (len(order) if self.eos_id is not None else 0) - offset
         return {"ranges": [[int(s), int(a), int(b)] for s, a, b in ranges], "key": int(key), "pos": pos,
                 "offset": offset, "tokens": tokens, "docs": len(order)}
@@ -581,6 +593,39 @@ def _window_records(source, ranges):
 def _nonempty_order(lengths: np.ndarray, key: int) -> np.ndarray:
     keep = np.flatnonzero(lengths > 0)
     return keep[permutation(len(keep), key)]
+
+
+_ORDERS: dict = {}  # (id(manifest), ranges, key) -> (manifest, (shard, record, lengths, order))
+_ORDERS_KEPT = 8
+
+
+def _window_order(source, ranges, key: int, keep: bool = False) -> tuple:
+    """``(shard, record, num_tokens, order)`` of a window: its records (``_window_records``)
+    and the emission order of the non-empty ones, read-only.
+
+    A pure function of the stream's manifest, the window's ranges and its key. ``keep``
+    leaves it for the next call that asks for the same window, which takes it: a resume
+    computes it when it checks each worker's state (``check_state``), and again when it lays
+    the window out to build the first batch (about 1 ms for a window of 8192 documents).
+    At most the last few are kept, and never where damaged shards may be skipped (the
+    records then depend on what was found damaged)."""
+    manifest = getattr(source, "manifest", None)
+    if manifest is None or getattr(getattr(source, "config", None), "on_error", "raise") == "skip":
+        shard, record, lengths = _window_records(source, ranges)
+        return shard, record, lengths, _nonempty_order(lengths, key)
+    memo = (id(manifest), tuple(tuple(int(x) for x in r) for r in ranges), int(key))
+    hit = _ORDERS.pop(memo, None)
+    if hit is not None and hit[0] is manifest:
+        return hit[1]
+    shard, record, lengths = _window_records(source, ranges)
+    out = (shard, record, lengths, _nonempty_order(lengths, key))
+    for a in out:
+        a.setflags(write=False)
+    if keep:
+        _ORDERS[memo] = (manifest, out)
+        while len(_ORDERS) > _ORDERS_KEPT:
+            del _ORDERS[next(iter(_ORDERS))]
+    return out
 
 
 def _locate(shards: np.ndarray, records: np.ndarray, want_shards: np.ndarray, want_records: np.ndarray):
@@ -651,12 +696,15 @@ def _restore_units(source, ranges, shard: np.ndarray, record: np.ndarray, skip: 
         frames = index.frame_of_record(recs)
         by_frame = np.argsort(frames, kind="stable")  # stable: each frame's documents stay in emission order
         frames, recs, pos = frames[by_frame], recs[by_frame], pos[by_frame]
-        cuts = np.flatnonzero(frames[1:] != frames[:-1]) + 1
-        for f_recs, f_pos in zip(np.split(recs, cuts), np.split(pos, cuts)):
-            f = int(index.frame_of_record(int(f_recs[0])))
-            lo = max(a, int(index.frames["first_record"][f]))
-            hi = min(b, index.record_stop(f))
-            units.append((s, lo, hi, f_pos.tolist(), f_recs.tolist()))
+        heads = np.flatnonzero(np.concatenate(([True], frames[1:] != frames[:-1])))
+        first_record = index.frames["first_record"].astype(np.int64)
+        stops = np.append(first_record[1:], index.num_records)
+        lo = np.maximum(a, first_record[frames[heads]]).tolist()
+        hi = np.minimum(b, stops[frames[heads]]).tolist()
+        bounds = heads.tolist() + [len(recs)]
+        recs, pos = recs.tolist(), pos.tolist()
+        for i, (l, h) in enumerate(zip(lo, hi)):
+            units.append((s, l, h, pos[bounds[i] : bounds[i + 1]], recs[bounds[i] : bounds[i + 1]]))
     units.sort(key=lambda u: u[3][0])
     return units
 

@@ -2,6 +2,7 @@
 batch after a resume waits for the frames of its own documents, not for the whole window's."""
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -102,3 +103,81 @@ def test_restore_units_cover_each_pending_document_once_in_order_of_need(sizes, 
             assert lo <= r < hi and source.index(s).frame_of_record(r) == frame  # one frame a read
             placed[p] = (s, r)
     assert placed == {skip + i: d for i, d in enumerate(pending)}  # each pending document once
+
+
+def _restore_at(tmp_path, rng, at: int, **settings):
+    """A one-stream corpus of small frames, a loader saved after ``at`` batches inside its first
+    window, and a builder of loaders over it."""
+    url = str(tmp_path / "web")
+    write_stream(url, random_docs(rng, 1200, 40, min_len=1), shard_size="64KiB", frame_size="4KiB")
+    corpus = {"web": (url, None)}
+    build = lambda: loader(dataset(corpus, seq_len=32, shuffle_buffer=400, shuffle_warmup=0, **settings))
+    first = build()
+    reference = take(first, at + 40)
+    first = build()
+    take(first, at)
+    return url, build, json.loads(json.dumps(first.state_dict())), reference[at:]
+
+
+def test_without_read_ahead_a_restore_fetches_its_first_batch_side_by_side(tmp_path, rng, monkeypatch):
+    """With read-ahead off (the head start's setting) the frames of a restored window's first
+    batch are fetched and decoded together, on threads that are all gone when the read is."""
+    from streamforge.source.readahead import ReadAhead
+
+    calls = []
+    real = ReadAhead.fetch_now
+
+    def spy(self, ranges, threads):
+        real(self, ranges, threads)
+        calls.append((len(ranges), threads, [t.name for t in threading.enumerate() if t.name.startswith("sf-fetch-now")]))
+
+    monkeypatch.setattr(ReadAhead, "fetch_now", spy)
+    _, build, state, want = _restore_at(tmp_path, rng, 20, storage=StorageConfig(prefetch_bytes=0))
+    resumed = build()
+    resumed.load_state_dict(state)
+    got = take(resumed, 40)
+    assert calls and calls[0][0] >= 2 and calls[0][1] >= 2, calls
+    assert all(not alive for _, _, alive in calls), calls  # every thread joined before returning
+    assert_batches_equal(got, want)
+
+
+def test_a_damaged_frame_fetched_side_by_side_fails_its_read_with_where(tmp_path, rng):
+    from streamforge.errors import ShardCorruptError
+    from streamforge.source.shard_source import ShardSource
+
+    url, build, state, _ = _restore_at(tmp_path, rng, 20, storage=StorageConfig(prefetch_bytes=0))
+    source = ShardSource.open(url)
+    for shard, name in enumerate(source.manifest.shard_names):
+        frames = source.index(shard).frames
+        with open(f"{url}/{name}", "r+b") as f:
+            for offset, size in zip(frames["comp_offset"].tolist(), frames["comp_size"].tolist()):
+                f.seek(offset + size // 2)
+                byte = f.read(1)
+                f.seek(offset + size // 2)
+                f.write(bytes([byte[0] ^ 0xFF]))
+    resumed = build()
+    resumed.load_state_dict(state)
+    with pytest.raises(ShardCorruptError, match=r"shard-\d+\.tar\.zst frame \d+.*does not decode"):
+        take(resumed, 1)
+
+
+def test_a_window_order_is_computed_once_and_shared(tmp_path, rng):
+    from streamforge.source.shard_source import ShardSource
+    from streamforge.stages.shuffle import _nonempty_order, _window_order, _window_records
+
+    url = str(tmp_path / "web")
+    write_stream(url, [d if i % 7 else d[:0] for i, d in enumerate(random_docs(rng, 300, 20, min_len=1))],
+                 shard_size="4KiB", frame_size="1KiB")
+    source = ShardSource.open(url)
+    ranges = [(1, 3, 30), (0, 0, 12)]
+    first = _window_order(source, ranges, 42, keep=True)  # a check of a saved state
+    shard, record, lengths = _window_records(source, ranges)
+    for got, want in zip(first, (shard, record, lengths, _nonempty_order(lengths, 42))):
+        np.testing.assert_array_equal(got, want)
+        assert not got.flags.writeable  # shared: nobody may change it
+    assert _window_order(ShardSource.open(url), ranges, 42) is not first  # another stream object
+    assert _window_order(source, ranges, 43)[3].tolist() != first[3].tolist()
+    assert _window_order(source, [list(r) for r in ranges], 42) is first  # the restore takes it...
+    again = _window_order(source, ranges, 42)
+    assert again is not first  # ...so nothing is held after it
+    assert all(np.array_equal(a, b) for a, b in zip(again, first))
