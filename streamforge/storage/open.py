@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 import fsspec
-import fsspec.implementations.local  # noqa: F401 - with the package: the first open of a local path would import it (1 ms)
+import fsspec.implementations.local  # noqa: F401 - here, not on the first open of a local path (1 ms)
 
 from .config import RetryPolicy
 
