@@ -22,9 +22,9 @@ closed before any fork; a restored window fetches its first batch's frames on th
 before the read returns, ``ShardSource.fetch_now``), and the worker processes start from the
 state after it: the trainer's first step does not wait for processes to start, build their
 pipelines and fill their first windows, and the workers start while that step runs. With 2
-workers on the 50M-token corpus of ``tools/bench_peers.py`` (one process, 10 starts each): a first batch
-0.037-0.054 -> 0.003-0.005 s, a resume halfway through a window 0.047-0.063 -> 0.013-0.027 s;
-a whole pass's tokens/s unchanged (``tools/bench_against.py``, 0.994x).
+workers on the 50M-token corpus of ``tools/bench_peers.py`` (one process, 10 starts each):
+a first batch 0.037-0.054 -> 0.003-0.005 s, a resume halfway through a window 0.047-0.063 ->
+0.013-0.027 s; a whole pass's tokens/s unchanged (``tools/bench_against.py``, 0.994x).
 """
 
 from __future__ import annotations
