@@ -160,6 +160,7 @@ class Checkpointing:
             )
             try:
                 pipeline.check_state(worker_state)
+                self.dataset.keep_indexes(pipeline.sources)  # for the head start and the workers
             finally:
                 pipeline.close()
 

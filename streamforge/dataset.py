@@ -14,6 +14,7 @@ time; ``StreamingLoader`` drives the same pipelines in bulk and tracks resumable
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
@@ -202,10 +203,29 @@ class PackedTokenDataset(IterableDataset):
         return source
 
     def open_source(self, stream: int) -> ShardSource:
-        """A new reader of stream ``stream``'s shards (ranged reads, prefetch, cache)."""
+        """A new reader of stream ``stream``'s shards (ranged reads, prefetch, cache), holding
+        the record indexes already read in this process (``keep_indexes``)."""
         s = self.streams[stream]
         fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge)
-        return ShardSource(self.manifests[stream], fetcher, config=self.storage)
+        source = ShardSource(self.manifests[stream], fetcher, config=self.storage)
+        shared = self._index_sources.get(stream)
+        if shared is not None:
+            source.adopt_indexes(shared)
+        return source
+
+    def keep_indexes(self, sources: Sequence[ShardSource]) -> None:
+        """Keep the record indexes ``sources`` (one per stream, e.g. a pipeline's that is done)
+        have read, for the sources opened after them in this process."""
+        for i, source in enumerate(sources):
+            self._index_source(i).adopt_indexes(source)
+
+    def with_storage(self, storage: StorageConfig) -> PackedTokenDataset:
+        """This dataset reading with other storage settings, sharing the record indexes read in
+        this process."""
+        other = copy.copy(self)
+        other.storage = storage
+        other._index_sources = self._index_sources
+        return other
 
     @property
     def eos_appended(self) -> list[bool]:

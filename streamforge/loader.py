@@ -29,7 +29,6 @@ a first batch 0.037-0.054 -> 0.003-0.005 s, a resume halfway through a window 0.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any, Iterator, Sequence
 
@@ -307,8 +306,7 @@ class StreamingLoader(Checkpointing):
         (restored from its state) while no worker process runs yet. The pipeline reads without
         read-ahead, so no thread of it is alive when the workers are forked; its storage
         counters are kept apart (``_head``) and added to the workers' in ``stats()``."""
-        dataset = copy.copy(self.dataset)
-        dataset.storage = dataclasses.replace(self.dataset.storage, prefetch_bytes=0)
+        dataset = self.dataset.with_storage(dataclasses.replace(self.dataset.storage, prefetch_bytes=0))
         logical = batch % self.num_logical
         pipeline = self._job(states, batch, dataset).pipeline(logical)
         try:

@@ -91,3 +91,30 @@ def test_no_thread_of_the_head_start_is_alive_when_the_workers_start(tmp_path, r
     before.update(threading.enumerate())
     take(resumed, 3)
     assert alive == [[], []], alive
+
+
+def test_the_training_process_fetches_each_index_once_across_plan_checks_and_head_start(tmp_path, rng, monkeypatch):
+    """The planner, the check of every saved worker state and the head start each open their
+    own sources; they share the record indexes any of them read (``adopt_indexes``)."""
+    from collections import Counter
+
+    from streamforge.source.shard_source import ShardSource
+
+    corpus = make_corpus(tmp_path, rng)
+    first = loader(dataset(corpus, seq_len=32), num_workers=2)
+    take(first, 7)
+    state = json.loads(json.dumps(first.state_dict()))
+    fetched = Counter()
+    real = ShardSource._fetch_index
+
+    def spy(self, shard):
+        fetched[(self.fetcher.url, shard)] += 1
+        return real(self, shard)
+
+    monkeypatch.setattr(ShardSource, "_fetch_index", spy)
+    resumed = loader(dataset(corpus, seq_len=32), num_workers=2)  # a new process's objects
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    next(it)  # the head start, in this process
+    del it
+    assert fetched and max(fetched.values()) == 1, fetched

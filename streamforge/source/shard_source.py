@@ -115,6 +115,22 @@ class ShardSource:
                 self._indexes[shard] = cached
         return cached
 
+    def adopt_indexes(self, other: ShardSource) -> None:
+        """Take the record indexes that ``other``, a source of the same stream in this process,
+        has read. An index never changes, so the sources of one process share what any of
+        them fetched (the planner's, the state checks', the head start's, and a forked
+        worker's from its parent's) instead of each paying a request for it."""
+        if other is self or other.manifest is not self.manifest:
+            return
+        sha256 = self.config.verify == "sha256"
+        for shard, index in list(other._indexes.items()):
+            blob = other._index_blobs.get(shard)
+            if shard in self._indexes or (sha256 and blob is None):  # a shard's hash needs its index's bytes
+                continue
+            self._indexes[shard] = index
+            if sha256:
+                self._index_blobs[shard] = blob
+
     def _fetch_index(self, shard: int) -> ShardIndex:
         col = self.manifest.columns
         start = int(col["index_offset"][shard])

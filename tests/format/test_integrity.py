@@ -78,3 +78,24 @@ def test_corrupt_index_magic(small_stream):
     _flip(shard_path(url, manifest, 0), info.index_offset + 9)
     with pytest.raises(ShardCorruptError, match="index magic"):
         list(read_records(url, 0))
+
+
+@pytest.mark.parametrize("verify", ["size", "sha256"])
+def test_sources_of_one_stream_share_the_indexes_they_read(small_stream, verify):
+    """A source that takes another's indexes reads no index itself and still checks a whole
+    shard's sha256 (which hashes the index's bytes too)."""
+    from streamforge.storage.config import StorageConfig
+
+    url, _, _, manifest = small_stream
+    config = StorageConfig(verify=verify)
+    first = ShardSource.open(url, config=config)
+    first.index(1)
+    second = ShardSource(first.manifest, first.fetcher, config=config)
+    second.adopt_indexes(first)
+    assert second.index(1) is first.index(1)
+    assert second.counters["index_requests"] == 0
+    second.read(1, 0, second.index(1).num_records)  # in order from frame 0: hashed whole
+    assert second.counters["shards_sha256_verified"] == (verify == "sha256")
+    other = ShardSource.open(url, config=config)  # another manifest object: nothing shared
+    other.adopt_indexes(first)
+    assert other.counters["index_requests"] == 0 and 1 not in other._indexes
