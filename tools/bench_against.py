@@ -2,6 +2,7 @@
 
     python tools/bench_against.py [--rev HEAD~1] [--tokens 50e6] [--repeats 5]
                                   [--workers 0 2] [--section NAME] [--no-write]
+                                  [--resume [--positions 0.1 0.5 0.9]]
 
 The other commit's ``streamforge/`` is extracted with ``git archive`` under
 ``bench-out/against/REV/``; both trees stream the same corpus (``tools/bench_pipeline.py``'s,
@@ -11,6 +12,11 @@ processes, alternating trees within every repeat so machine noise hits both alik
 counts non-padding tokens delivered over the seconds from ``iter()`` to the end of the pass;
 with 0 workers the tool also reports tokens per CPU-second of the process (all its threads),
 which a shared machine disturbs far less than wall time.
+
+With ``--resume`` the tool times resumes instead of passes: this tree saves its loader's state
+at each of ``--positions`` of a pass (fractions of its batches), then each tree, in a fresh
+process, builds the loader, loads a state and takes the first batch (the seconds of all three,
+and of each); the trees alternate within every repeat.
 Medians and the ratio this/other go to stdout and to the NAME section of docs/benchmarks.md.
 """
 
@@ -48,6 +54,38 @@ print(json.dumps({"tokens": tokens, "batches": batches, "seconds": time.perf_cou
 """
 
 
+CAPTURE = r"""
+import pickle, sys
+from streamforge import PackedTokenDataset, StreamingLoader
+url, workers, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+at = {int(b) for b in sys.argv[4:]}
+loader = StreamingLoader(PackedTokenDataset(url, seq_len=2048, seed=0), batch_size=8, num_workers=workers)
+batches = 0
+for batch in loader:
+    batches += 1
+    if batches in at:
+        with open(f"{out}/state-{batches}.pkl", "wb") as f:
+            pickle.dump(loader.state_dict(), f)
+print(batches)
+"""
+
+RESUME = r"""
+import json, pickle, sys, time
+from streamforge import PackedTokenDataset, StreamingLoader
+url, workers, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with open(path, "rb") as f:
+    state = pickle.load(f)
+t0 = time.perf_counter()
+loader = StreamingLoader(PackedTokenDataset(url, seq_len=2048, seed=0), batch_size=8, num_workers=workers)
+t1 = time.perf_counter()
+loader.load_state_dict(state)
+t2 = time.perf_counter()
+next(iter(loader))
+t3 = time.perf_counter()
+print(json.dumps({"build": t1 - t0, "load": t2 - t1, "first": t3 - t2, "total": t3 - t0}))
+"""
+
+
 def extract(rev: str, dest_root: str) -> tuple[str, str]:
     """``streamforge/`` of ``rev`` under ``dest_root/<sha>``; returns (dir, short sha)."""
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True,
@@ -62,11 +100,47 @@ def extract(rev: str, dest_root: str) -> tuple[str, str]:
     return dest, sha
 
 
-def one_pass(tree: str, url: str, workers: int) -> dict:
+def run_in(tree: str, script: str, *args) -> str:
+    """The last line ``script`` prints, run in a fresh process that imports ``tree``'s streamforge."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", PASS, url, str(workers)], cwd=tree, env=env,
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=tree, env=env,
                          check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return out.stdout.strip().splitlines()[-1]
+
+
+def one_pass(tree: str, url: str, workers: int) -> dict:
+    return json.loads(run_in(tree, PASS, url, workers))
+
+
+def resumes(trees: dict, url: str, workers: int, positions: list[float], repeats: int) -> tuple[list, dict]:
+    """States saved by ``trees["this"]`` at ``positions`` of a pass, each resumed ``repeats``
+    times by every tree (alternated): ``(batches, {(tree, batch): [timings]})``."""
+    out = os.path.join(ROOT, "bench-out", "against", "states")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    total = int(run_in(trees["this"], CAPTURE, url, workers, out))  # a pass's batches
+    at = sorted({max(1, min(total - 1, round(f * total))) for f in positions})
+    run_in(trees["this"], CAPTURE, url, workers, out, *at)
+    got: dict = {}
+    for r in range(repeats):
+        for b in at:
+            for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
+                t = json.loads(run_in(trees[name], RESUME, url, workers, os.path.join(out, f"state-{b}.pkl")))
+                got.setdefault((name, b), []).append(t)
+                print(f"repeat {r + 1}/{repeats} batch {b}/{total} {name}: {t['total'] * 1e3:.1f} ms", flush=True)
+    return [(b, total) for b in at], got
+
+
+def resume_rows(at: list, got: dict) -> list[str]:
+    def ms(name: str, b: int, key: str) -> float:
+        return statistics.median(t[key] for t in got[(name, b)]) * 1e3
+
+    rows = []
+    for b, total in at:
+        parts = {name: " / ".join(f"{ms(name, b, k):.1f}" for k in ("build", "load", "first")) for name in ("this", "other")}
+        a, o = ms("this", b, "total"), ms("other", b, "total")
+        rows.append(f"| {b}/{total} ({b / total:.0%}) | {a:.1f} ({parts['this']}) | {o:.1f} ({parts['other']}) | {a / o:.3f} |")
+    return rows
 
 
 def main(argv=None) -> None:
@@ -74,15 +148,24 @@ def main(argv=None) -> None:
     p.add_argument("--rev", default="HEAD~1", help="the commit to compare with (default %(default)s)")
     p.add_argument("--this", default=None, help="measure this commit instead of the working tree")
     p.add_argument("--tokens", type=float, default=50e6, help="corpus size (default 50e6)")
+    p.add_argument("--url", help="stream these passes over instead of the pipeline benchmark's corpus")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--section", default="against", help="docs/benchmarks.md section (default %(default)s)")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--resume", action="store_true", help="time resumes (build, load_state_dict, first batch)")
+    p.add_argument("--positions", type=float, nargs="+", default=[0.1, 0.5, 0.9],
+                   help="with --resume: where in the pass the states are saved (default %(default)s)")
     args = p.parse_args(argv)
+    if args.resume and args.section == "against":
+        args.section = "against-resume"
 
-    from bench_pipeline import ensure_corpus  # the same corpus as the pipeline benchmark
+    if args.url:
+        meta = {"url": args.url, "tokens": None}
+    else:
+        from bench_pipeline import ensure_corpus  # the same corpus as the pipeline benchmark
 
-    meta = ensure_corpus(os.path.join(ROOT, "bench-out", "pipeline"), int(args.tokens))
+        meta = ensure_corpus(os.path.join(ROOT, "bench-out", "pipeline"), int(args.tokens))
     other, sha = extract(args.rev, os.path.join(ROOT, "bench-out", "against"))
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
@@ -92,6 +175,10 @@ def main(argv=None) -> None:
     if args.this:
         trees["this"], head = extract(args.this, os.path.join(ROOT, "bench-out", "against"))
         dirty = False
+    this_name = f"{head}{' + working tree' if dirty else ''}"
+    command = f"python tools/bench_against.py --rev {args.rev}{f' --this {args.this}' if args.this else ''}"
+    if args.resume:
+        return resume_report(args, trees, meta, sha, this_name, command)
     rates: dict[tuple[str, int], list[float]] = {}
     cpu_rates: dict[tuple[str, int], list[float]] = {}
     for workers in args.workers:  # one uncounted warm-up pass per tree (page cache, imports)
@@ -112,18 +199,45 @@ def main(argv=None) -> None:
         if workers == 0:
             a, b = statistics.median(cpu_rates[("this", 0)]), statistics.median(cpu_rates[("other", 0)])
             rows.append(f"| 0, per CPU-second of the process | {a / 1e6:.1f}M | {b / 1e6:.1f}M | {a / b:.3f} |")
-    this_name = f"{head}{' + working tree' if dirty else ''}"
     text = "\n".join([
         f"## This tree against `{sha}` (`tools/bench_against.py`)",
         "",
-        f"`python tools/bench_against.py --rev {args.rev}{f' --this {args.this}' if args.this else ''}`, {datetime.date.today()}, {platform.machine()} with "
-        f"{os.cpu_count()} CPUs (shared), Python {platform.python_version()}. Corpus: the pipeline benchmark's "
-        f"({meta['tokens']:,} tokens, {meta['documents']:,} documents); one pass of 8x2048 batches per run, "
+        f"`{command}`, {datetime.date.today()}, {platform.machine()} with "
+        f"{os.cpu_count()} CPUs (shared), Python {platform.python_version()}. Corpus: {corpus_text(meta)}; "
+        "one pass of 8x2048 batches per run, "
         f"fresh process per run, trees alternated; medians of {args.repeats}.",
         "",
         f"| num_workers | this ({this_name}) tokens/s | `{sha}` tokens/s | ratio |",
         "|---|---|---|---|",
         *rows,
+    ])
+    print(text)
+    if not args.no_write:
+        update_section(args.section, text)
+
+
+def corpus_text(meta: dict) -> str:
+    if meta["tokens"] is None:
+        return f"the stream at `{meta['url']}`"
+    return f"the pipeline benchmark's ({meta['tokens']:,} tokens, {meta['documents']:,} documents)"
+
+
+def resume_report(args, trees: dict, meta: dict, sha: str, this_name: str, command: str) -> None:
+    workers = args.workers[-1]
+    at, got = resumes(trees, meta["url"], workers, args.positions, args.repeats)
+    text = "\n".join([
+        f"## Resume: this tree against `{sha}` (`tools/bench_against.py --resume`)",
+        "",
+        f"`{command} --resume --workers {workers}`, {datetime.date.today()}, {platform.machine()} with "
+        f"{os.cpu_count()} CPUs (shared), Python {platform.python_version()}. Corpus: {corpus_text(meta)}, "
+        f"batches of 8x2048, {workers} workers. "
+        "States saved by this tree's loader; each resume in a fresh process: building the loader, "
+        "`load_state_dict` and the first batch; trees alternated; medians of "
+        f"{args.repeats}, in ms (build / load / first batch).",
+        "",
+        f"| state saved after batch | this ({this_name}) | `{sha}` | ratio |",
+        "|---|---|---|---|",
+        *resume_rows(at, got),
     ])
     print(text)
     if not args.no_write:

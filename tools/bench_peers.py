@@ -930,9 +930,16 @@ def throughput_table(res: dict, args) -> list[str]:
         ratio = f"{med(st['rate']) / ref:.2f}" if ref else "-"
         first = spread(st["first"], fmt="{:.3f}") if st["first"] else "-"
         rss = spread(st["rss"], 2**20, "{:.0f}") if st["rss"] else "-"
-        lines.append(f"| {label} | {spread(st['rate'], M)} | {ratio} | {spread(st['cpu_per_b'], fmt='{:.0f}')} | "
-                     f"{first} | {rss} |")
+        lines.append(f"| {label} | {spread(st['rate'], M)}{failed_runs(rs, errors.get((system, w, b)), args)} | "
+                     f"{ratio} | {spread(st['cpu_per_b'], fmt='{:.0f}')} | {first} | {rss} |")
     return lines
+
+
+def failed_runs(rs: list, error: str | None, args) -> str:
+    """What a row leaves out: the runs of a case that failed, with the last one's error."""
+    if error is None or len(rs) >= args.repeats:
+        return ""
+    return f"; {len(rs)} of {args.repeats} runs, the others failed: {error}"
 
 
 def scale_table(results: dict, args) -> list[str]:
@@ -1187,10 +1194,7 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "end of the pass, reaped children included), per billion tokens; the S3 server's CPU is not counted. "
         "Peak RSS: the summed RSS of the case process and its descendants, sampled every 50 ms from the "
         "parent with psutil (pages shared by forked workers count once per process). Loopback S3: moto on "
-        "127.0.0.1 in a child of the tool, started and stopped by it. streamforge's bytecode is compiled "
-        "before the first case (`compileall`), as installing a package does for the peers': the editable "
-        "checkout would otherwise be compiled in every process where `PYTHONDONTWRITEBYTECODE` is set, "
-        "which costs about 2 MiB of RSS. Ratios: tokens/s over streamforge's "
+        "127.0.0.1 in a child of the tool, started and stopped by it. Ratios: tokens/s over streamforge's "
         "with the same workers and storage (ceilings: over streamforge's with 0 workers, local disk).", "",
         "![tokens/s per system](img/peers_throughput.png)", "",
         *throughput_table(res, args), "",
@@ -1528,15 +1532,6 @@ def parse_args(argv):
     return args
 
 
-def compile_streamforge() -> None:
-    """Write streamforge's bytecode next to its sources, as ``pip install`` does for the peers'
-    packages: where ``PYTHONDONTWRITEBYTECODE`` is set, an editable checkout is otherwise
-    compiled in every process that imports it (tens of ms and about 2 MiB of RSS)."""
-    import compileall
-
-    compileall.compile_dir(os.path.join(ROOT, "streamforge"), quiet=1)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -1547,7 +1542,6 @@ def main(argv=None) -> int:
     results = {}
     if args.report_only:
         return report_only(args)
-    compile_streamforge()
     if not args.only_growth:
         metas = {}
         for tokens in args.tokens:
