@@ -199,21 +199,24 @@ def main(argv=None) -> None:
         if workers == 0:
             a, b = statistics.median(cpu_rates[("this", 0)]), statistics.median(cpu_rates[("other", 0)])
             rows.append(f"| 0, per CPU-second of the process | {a / 1e6:.1f}M | {b / 1e6:.1f}M | {a / b:.3f} |")
-    text = "\n".join([
-        f"## This tree against `{sha}` (`tools/bench_against.py`)",
-        "",
-        f"`{command}`, {datetime.date.today()}, {platform.machine()} with "
-        f"{os.cpu_count()} CPUs (shared), Python {platform.python_version()}. Corpus: {corpus_text(meta)}; "
-        "one pass of 8x2048 batches per run, "
-        f"fresh process per run, trees alternated; medians of {args.repeats}.",
-        "",
-        f"| num_workers | this ({this_name}) tokens/s | `{sha}` tokens/s | ratio |",
-        "|---|---|---|---|",
-        *rows,
-    ])
+    report(args, f"## This tree against `{sha}` (`tools/bench_against.py`)",
+           f"{setting(command, meta)}; one pass of 8x2048 batches per run, fresh process per run, trees "
+           f"alternated; medians of {args.repeats}.",
+           f"| num_workers | this ({this_name}) tokens/s | `{sha}` tokens/s | ratio |", rows)
+
+
+def report(args, heading: str, intro: str, header: str, rows: list[str]) -> None:
+    """Print a section (a heading, what was run, a four-column table) and write it to
+    docs/benchmarks.md unless ``--no-write``."""
+    text = "\n".join([heading, "", intro, "", header, "|---|---|---|---|", *rows])
     print(text)
     if not args.no_write:
         update_section(args.section, text)
+
+
+def setting(command: str, meta: dict) -> str:
+    return (f"`{command}`, {datetime.date.today()}, {platform.machine()} with {os.cpu_count()} CPUs (shared), "
+            f"Python {platform.python_version()}. Corpus: {corpus_text(meta)}")
 
 
 def corpus_text(meta: dict) -> str:
@@ -225,23 +228,12 @@ def corpus_text(meta: dict) -> str:
 def resume_report(args, trees: dict, meta: dict, sha: str, this_name: str, command: str) -> None:
     workers = args.workers[-1]
     at, got = resumes(trees, meta["url"], workers, args.positions, args.repeats)
-    text = "\n".join([
-        f"## Resume: this tree against `{sha}` (`tools/bench_against.py --resume`)",
-        "",
-        f"`{command} --resume --workers {workers}`, {datetime.date.today()}, {platform.machine()} with "
-        f"{os.cpu_count()} CPUs (shared), Python {platform.python_version()}. Corpus: {corpus_text(meta)}, "
-        f"batches of 8x2048, {workers} workers. "
-        "States saved by this tree's loader; each resume in a fresh process: building the loader, "
-        "`load_state_dict` and the first batch; trees alternated; medians of "
-        f"{args.repeats}, in ms (build / load / first batch).",
-        "",
-        f"| state saved after batch | this ({this_name}) | `{sha}` | ratio |",
-        "|---|---|---|---|",
-        *resume_rows(at, got),
-    ])
-    print(text)
-    if not args.no_write:
-        update_section(args.section, text)
+    report(args, f"## Resume: this tree against `{sha}` (`tools/bench_against.py --resume`)",
+           f"{setting(command + f' --resume --workers {workers}', meta)}, batches of 8x2048, {workers} workers. "
+           "States saved by this tree's loader; each resume in a fresh process: building the loader, "
+           f"`load_state_dict` and the first batch; trees alternated; medians of {args.repeats}, in ms "
+           "(build / load / first batch).",
+           f"| state saved after batch | this ({this_name}) | `{sha}` | ratio |", resume_rows(at, got))
 
 
 if __name__ == "__main__":
