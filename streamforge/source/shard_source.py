@@ -162,14 +162,17 @@ class ShardSource:
         self._readahead.extend(ranges)
         return len(self._readahead._plan)
 
-    def fetch_now(self, ranges: list[tuple[int, int, int]]) -> None:
+    def fetch_now(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Fetch and decode the frames of the ``(shard, start, stop)`` ranges about to be read,
         side by side, before returning (``ReadAhead.fetch_now``); nothing where read-ahead
-        is on (its threads fetch the planned ranges already) or for fewer than two ranges."""
+        is on (its threads fetch the planned ranges already; ``ranges`` is then not even
+        consumed) or for fewer than two ranges."""
         budget, threads = self._readahead.budget()
-        if budget > 0 or len(ranges) < 2:
+        if budget > 0:
             return
-        self._readahead.fetch_now(ranges, max(2, threads))
+        ranges = list(ranges)
+        if len(ranges) >= 2:
+            self._readahead.fetch_now(ranges, max(2, threads))
 
     # -- fetching frames ----------------------------------------------------------------------
     def _fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache=True):

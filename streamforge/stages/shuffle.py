@@ -250,7 +250,7 @@ class ShuffleBuffer:
         fetch_now = getattr(source, "fetch_now", None)
         if fetch_now is not None and pending.ready < stop:  # the frames read below, side by side
             now = itertools.takewhile(lambda u: u[3][0] < stop, itertools.islice(pending.units, pending.next, None))
-            fetch_now([(s, min(records), max(records) + 1) for s, _, _, _, records in now])
+            fetch_now((s, min(records), max(records) + 1) for s, _, _, _, records in now)
         while pending.ready < stop:
             s, _, _, emit, records = pending.units[pending.next]
             # only the frame's records from the first pending one to the last: the frame is
@@ -697,7 +697,7 @@ def _restore_units(source, ranges, shard: np.ndarray, record: np.ndarray, skip: 
         by_frame = np.argsort(frames, kind="stable")  # stable: each frame's documents stay in emission order
         frames, recs, pos = frames[by_frame], recs[by_frame], pos[by_frame]
         heads = np.flatnonzero(np.concatenate(([True], frames[1:] != frames[:-1])))
-        first_record = index.frames["first_record"].astype(np.int64)
+        first_record = index.first_records
         stops = np.append(first_record[1:], index.num_records)
         lo = np.maximum(a, first_record[frames[heads]]).tolist()
         hi = np.minimum(b, stops[frames[heads]]).tolist()

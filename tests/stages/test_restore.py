@@ -62,6 +62,7 @@ class _Index:
         self.num_records, self.per_frame = num_records, per_frame
         starts = np.arange(0, num_records, per_frame)
         self.frames = {"first_record": starts}
+        self.first_records = starts
 
     def frame_of_record(self, record):
         return np.asarray(record) // self.per_frame
