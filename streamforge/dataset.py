@@ -206,7 +206,7 @@ class PackedTokenDataset(IterableDataset):
         """A new reader of stream ``stream``'s shards (ranged reads, prefetch, cache), holding
         the record indexes already read in this process (``keep_indexes``)."""
         s = self.streams[stream]
-        fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge)
+        fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge, self.storage.client)
         source = ShardSource(self.manifests[stream], fetcher, config=self.storage)
         shared = self._index_sources.get(stream)
         if shared is not None:
@@ -257,7 +257,7 @@ class PackedTokenDataset(IterableDataset):
         dataset; an error on rank 0 is raised on every rank."""
 
         def load() -> list[Manifest]:
-            return [Manifest.load(s.url, s.storage_options, retry=self.storage.retry) for s in self.streams]
+            return [Manifest.load(s.url, s.storage_options, retry=self.storage.retry, client=self.storage.client) for s in self.streams]
 
         dist = torch.distributed
         if not share or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

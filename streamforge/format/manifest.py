@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ManifestError, StorageError
+from ..errors import ConfigError, ManifestError, StorageError
 from ..storage.config import RetryPolicy
 from ..storage.open import describe_missing, join, open_url
 from ..storage.retry import Retrier, is_credentials_error
@@ -211,6 +211,7 @@ class Manifest:
         storage_options: dict[str, Any] | None = None,
         *,
         retry: RetryPolicy | None = None,
+        client: str = "auto",
     ) -> Manifest:
         """Read ``<url>/index.json``: one request (retried on transient faults), no listing.
 
@@ -221,7 +222,9 @@ class Manifest:
         url = str(url)
         policy = retry or RetryPolicy()
         try:
-            fs, path = open_url(url, storage_options, policy)
+            fs, path = open_url(url, storage_options, policy, client)
+        except ConfigError:
+            raise
         except (ImportError, ValueError, TypeError) as exc:
             raise ManifestError(f"{url}: cannot open this URL ({type(exc).__name__}: {exc})") from exc
         target = join(path, MANIFEST_NAME)

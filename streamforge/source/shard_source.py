@@ -80,8 +80,9 @@ class ShardSource:
     ) -> ShardSource:
         """Load the manifest (clear errors for what is wrong) and prepare ranged reads."""
         config = config or StorageConfig()
-        manifest = Manifest.load(url, storage_options, retry=config.retry)
-        return cls(manifest, ByteFetcher(url, storage_options, config.retry, config.hedge), config=config)
+        manifest = Manifest.load(url, storage_options, retry=config.retry, client=config.client)
+        fetcher = ByteFetcher(url, storage_options, config.retry, config.hedge, config.client)
+        return cls(manifest, fetcher, config=config)
 
     def close(self) -> None:
         self._readahead.close()

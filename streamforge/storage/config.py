@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 
 VERIFY_MODES = ("size", "sha256")
+CLIENTS = ("auto", "obstore", "fsspec")  # what reads s3:// (storage/objstore.py)
 ON_ERROR_MODES = ("raise", "skip")
 
 
@@ -96,6 +97,9 @@ class StorageConfig:
       local files, 4 for object stores.
     - ``hedge``: when a slow read from an object store gets a second, identical request
       (``HedgePolicy``, storage/hedge.py); local files are never hedged.
+    - ``client``: what reads ``s3://`` streams: ``"auto"`` (the default) takes obstore's
+      client where it is installed and the options allow it, else s3fs; ``"obstore"``
+      insists on it; ``"fsspec"`` always takes s3fs (storage/objstore.py).
     """
 
     prefetch_bytes: int | None = None
@@ -107,6 +111,7 @@ class StorageConfig:
     request_bytes: int = 8 << 20
     prefetch_threads: int | None = None
     hedge: HedgePolicy = field(default_factory=HedgePolicy)
+    client: str = "auto"
 
     def __post_init__(self) -> None:
         if self.prefetch_bytes is not None and (not isinstance(self.prefetch_bytes, int) or self.prefetch_bytes < 0):
@@ -131,6 +136,8 @@ class StorageConfig:
             not isinstance(self.prefetch_threads, int) or self.prefetch_threads < 1
         ):
             raise ConfigError(f"prefetch_threads must be None or an int >= 1, got {self.prefetch_threads!r}")
+        if self.client not in CLIENTS:
+            raise ConfigError(f"client must be one of {CLIENTS}, got {self.client!r}")
 
     def read_ahead(self, local: bool) -> tuple[int, int]:
         """(bytes, threads) of read-ahead for a reader of local files or of an object store.

@@ -12,6 +12,7 @@ the manifest says: then the shard is truncated and ``ShardCorruptError`` names i
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from typing import Any, Callable
 
@@ -53,8 +54,10 @@ class ByteFetcher:
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         hedge: HedgePolicy | None = None,
+        client: str = "auto",
     ) -> None:
         self.url = str(url).rstrip("/")
+        self.client = client
         self.storage_options = dict(storage_options or {})
         self.policy = retry or RetryPolicy()
         self.retrier = Retrier(self.policy)
@@ -63,12 +66,14 @@ class ByteFetcher:
         self.stats = FetchStats()
         self._fs = None
         self._path = None
+        self._pid = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_fs"] = None
         state["_path"] = None
+        state["_pid"] = None
         del state["_lock"]
         return state
 
@@ -92,8 +97,11 @@ class ByteFetcher:
 
     def _open(self):
         with self._lock:
-            if self._fs is None:
-                self._fs, self._path = open_url(self.url, self.storage_options, self.policy)
+            # a client is opened per process: one inherited through fork is not reused (an
+            # obstore client would hang there; storage/objstore.py)
+            if self._fs is None or self._pid != os.getpid():
+                self._fs, self._path = open_url(self.url, self.storage_options, self.policy, self.client)
+                self._pid = os.getpid()
         return self._fs, self._path
 
     def read(

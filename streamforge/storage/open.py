@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import threading
 from typing import Any
@@ -17,7 +18,10 @@ from typing import Any
 import fsspec
 import fsspec.implementations.local  # noqa: F401 - here, not on the first open of a local path (1 ms)
 
-from .config import RetryPolicy
+from ..errors import ConfigError
+from .config import CLIENTS, RetryPolicy
+
+log = logging.getLogger("streamforge.storage")
 
 
 def protocol_of(url: str) -> str:
@@ -66,8 +70,13 @@ _FILESYSTEMS: dict[tuple, Any] = {}
 _FILESYSTEMS_LOCK = threading.Lock()
 
 
-def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: RetryPolicy | None = None):
+def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: RetryPolicy | None = None,
+             client: str = "fsspec"):
     """``(filesystem, path)`` for ``url``; ``storage_options`` go to the filesystem.
+
+    ``client`` (``StorageConfig.client``) lets a reader of ``s3://`` take obstore's client
+    instead of s3fs (storage/objstore.py); it is only asked for where the caller needs no more
+    than ``cat_file``, ``size`` and ``exists``.
 
     With ``policy``, object-store clients get streamforge's retry and timeout defaults. One
     filesystem is made per process for each protocol and set of options, and shared by the
@@ -77,8 +86,12 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
     meaning for fsspec's own cache; this one lives in streamforge, per process.
     """
     given = dict(storage_options or {})
-    options = _merged(client_defaults(url, policy), given)
     protocol = protocol_of(url)
+    if client != "fsspec" and protocol == "s3" and "::" not in str(url):
+        reader = _obstore_reader(url, given, policy or RetryPolicy(), client)
+        if reader is not None:
+            return reader, reader._strip_protocol(url)
+    options = _merged(client_defaults(url, policy), given)
     try:
         key = (os.getpid(), protocol, json.dumps(options, sort_keys=True), policy is not None)
     except TypeError:  # options that are not plain data (a session object...): no sharing
@@ -101,6 +114,32 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
         with _FILESYSTEMS_LOCK:
             fs = _FILESYSTEMS.setdefault(key, fs)
     return fs, path
+
+
+def _obstore_reader(url: str, given: dict[str, Any], policy: RetryPolicy, client: str):
+    """The process's obstore reader for these options, or None where fsspec must read (and
+    ``client="auto"``); ``client="obstore"`` that cannot be honoured is a ``ConfigError``."""
+    from . import objstore
+
+    if client not in CLIENTS:
+        raise ConfigError(f"StorageConfig.client must be one of {CLIENTS}, got {client!r}")
+    why = objstore.unavailable(given)
+    if why is not None and (client == "auto" or objstore.forked_after_use()):
+        log.debug("%s: reading through s3fs: %s", url, why)
+        return None
+    if why is not None:
+        raise ConfigError(f"{url}: StorageConfig.client='obstore' cannot be used: {why}")
+    try:
+        key = (os.getpid(), "obstore", json.dumps(given, sort_keys=True), policy)
+    except TypeError:
+        key = None
+    with _FILESYSTEMS_LOCK:
+        reader = _FILESYSTEMS.get(key) if key is not None else None
+        if reader is None:
+            reader = objstore.ObstoreReader(objstore.obstore_settings(given)[0], policy)
+            if key is not None:
+                _FILESYSTEMS[key] = reader
+    return reader
 
 
 _BOTOCORE_LOADER: Any = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import re
 
 import pytest
@@ -14,6 +15,8 @@ from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy
 from streamforge.storage.retry import Retrier, ShortRead, is_transient
 
+# each S3 client the readers can use: obstore where installed, and s3fs
+CLIENTS = ["fsspec"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
 QUICK = RetryPolicy(attempts=3, backoff_base=0.01, backoff_max=0.02, timeout=0.5)
 
 
@@ -72,10 +75,11 @@ def test_retrier_backs_off_counts_and_names_what_it_read():
     assert waits[-1] == 0.25  # capped at backoff_max
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("prefetch", [0, 64 << 10])
-def test_full_read_through_faults_equals_fault_free(s3_corpus, docs, proxy, prefetch):
+def test_full_read_through_faults_equals_fault_free(s3_corpus, docs, proxy, prefetch, client):
     url, opts, _ = s3_corpus
-    source = ShardSource.open(url, through(proxy, opts), config(prefetch_bytes=prefetch))
+    source = ShardSource.open(url, through(proxy, opts), config(prefetch_bytes=prefetch, client=client))
     got = read_all(source)
     clean = read_all(ShardSource.open(url, opts, config(prefetch_bytes=0)), plan=False)
     assert same(tokens_of(got), tokens_of(clean)) and same(tokens_of(got), docs)
@@ -88,9 +92,10 @@ def test_full_read_through_faults_equals_fault_free(s3_corpus, docs, proxy, pref
 
 
 @pytest.mark.parametrize("proxy", [(0.3, ("reset", "slowdown", "truncate"))], indirect=True)
-def test_heavy_faults_still_exact(s3_corpus, docs, proxy):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_heavy_faults_still_exact(s3_corpus, docs, proxy, client):
     url, opts, _ = s3_corpus
-    source = ShardSource.open(url, through(proxy, opts), config())
+    source = ShardSource.open(url, through(proxy, opts), config(client=client))
     assert same(tokens_of(read_all(source)), docs)
     assert source.stats()["retries"] > 5
     source.close()
