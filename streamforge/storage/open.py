@@ -15,9 +15,6 @@ import os
 import threading
 from typing import Any
 
-import fsspec
-import fsspec.implementations.local  # noqa: F401 - here, not on the first open of a local path (1 ms)
-
 from ..errors import ConfigError
 from .config import CLIENTS, RetryPolicy
 
@@ -25,8 +22,13 @@ log = logging.getLogger("streamforge.storage")
 
 
 def protocol_of(url: str) -> str:
-    protocol = fsspec.core.split_protocol(str(url))[0] or "file"
-    return {"s3a": "s3", "gcs": "gs"}.get(protocol, protocol)
+    text = str(url)
+    if "://" not in text and "::" not in text:
+        return "file"  # a plain path: no fsspec import for it
+    import fsspec.core
+
+    protocol = fsspec.core.split_protocol(text)[0] or "file"
+    return {"s3a": "s3", "gcs": "gs", "local": "file"}.get(protocol, protocol)
 
 
 LOCAL_PROTOCOLS = ("file", "local", "memory")
@@ -74,9 +76,10 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
              client: str = "fsspec"):
     """``(filesystem, path)`` for ``url``; ``storage_options`` go to the filesystem.
 
-    ``client`` (``StorageConfig.client``) lets a reader of ``s3://`` take obstore's client
-    instead of s3fs (storage/objstore.py); it is only asked for where the caller needs no more
-    than ``cat_file``, ``size`` and ``exists``.
+    ``client`` (``StorageConfig.client``) is given by readers, which need no more than
+    ``cat_file``, ``size`` and ``exists``: any value but ``"fsspec"`` reads local files with
+    ``open`` (storage/local.py, no fsspec import), and ``s3://`` through obstore where it can
+    (storage/objstore.py). fsspec is imported on the first URL that needs it.
 
     With ``policy``, object-store clients get streamforge's retry and timeout defaults. One
     filesystem is made per process for each protocol and set of options, and shared by the
@@ -87,6 +90,10 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
     """
     given = dict(storage_options or {})
     protocol = protocol_of(url)
+    if client != "fsspec" and protocol == "file" and "::" not in str(url):
+        from .local import LOCAL_READER
+
+        return LOCAL_READER, LOCAL_READER._strip_protocol(url)
     if client != "fsspec" and protocol == "s3" and "::" not in str(url):
         reader = _obstore_reader(url, given, policy or RetryPolicy(), client)
         if reader is not None:
@@ -103,6 +110,8 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
             fs = _FILESYSTEMS.get(key)
         if fs is not None:
             return fs, fs._strip_protocol(str(url))
+    import fsspec.core
+
     fs, path = fsspec.core.url_to_fs(str(url), **options)
     if protocol == "s3":
         _share_service_data(fs)

@@ -1,0 +1,43 @@
+"""Reads of this machine's files without fsspec.
+
+A reader needs three calls of a filesystem: ``cat_file`` (whole, or a byte range), ``size``
+and ``exists``. For local paths ``LocalReader`` makes them with ``open`` and ``os``, so a pass
+over local shards never imports fsspec (3 MiB of resident memory and 15 ms of start-up, with
+the codecs and asyncio it loads). Writers, the ledger and conversion keep fsspec.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class LocalReader:
+    """``cat_file``, ``size`` and ``exists`` on local paths, as fsspec's local filesystem."""
+
+    protocol = "file"
+
+    @staticmethod
+    def _strip_protocol(url: str) -> str:
+        url = str(url)
+        for prefix in ("file://", "local://"):
+            if url.startswith(prefix):
+                url = url[len(prefix):]
+        return os.path.abspath(url)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        with open(path, "rb") as f:
+            if start is None and end is None:
+                return f.read()
+            if start is None or end is None:
+                raise ValueError("cat_file takes both start and end, or neither")
+            f.seek(start)
+            return f.read(max(0, end - start))
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+
+LOCAL_READER = LocalReader()
