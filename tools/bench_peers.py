@@ -304,7 +304,7 @@ class Case:
     MODULES = {"streamforge": ["streamforge"], "litdata": ["litdata"], "mosaic": ["streaming"],
                "webdataset": ["webdataset", "torchdata.stateful_dataloader"]}
     # the client each system reads S3 with, imported lazily by the system on its first read
-    S3_MODULES = {"streamforge": ["s3fs"], "litdata": ["obstore"], "mosaic": ["boto3"], "webdataset": ["boto3"]}
+    S3_MODULES = {"streamforge": ["obstore", "s3fs"], "litdata": ["obstore"], "mosaic": ["boto3"], "webdataset": ["boto3"]}
 
     def preload(self) -> None:
         """Import the system's modules (and, for S3, its storage client) before any clock
@@ -1182,7 +1182,8 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "(`PackedTokenDataset(url, seq_len=2048, seed=0)`, `StreamingLoader(batch_size=8)`) delivers its full "
         "batch contract: input_ids, labels, position_ids, doc_ids, source_ids, documents shuffled in "
         "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
-        "(local 16 MiB on one fetch thread, S3 64 MiB on four); **the peers deliver bare `[8, 2049]` int64 token blocks** "
+        "(local 16 MiB on one fetch thread, S3 64 MiB on four), S3 read through obstore's client in the "
+        "training process and through s3fs in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
         "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
         "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "
         "delivered (streamforge: non-padding positions; a peer: 2049 per block) over the seconds from "
