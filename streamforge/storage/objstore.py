@@ -135,7 +135,8 @@ def _translate(exc: BaseException, where: str) -> BaseException:
     """obstore's error as the builtin streamforge's retry and error messages sort."""
     from obstore import exceptions as ox
 
-    text = f"{where}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = f"{where}: {said[:300]}"  # obstore quotes the server's whole XML answer
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(errno.ENOENT, text)
     if isinstance(exc, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
@@ -163,11 +164,11 @@ class ObstoreReader:
 
     def __init__(self, config: dict[str, Any], policy: RetryPolicy) -> None:
         self._config = config
-        timeout = f"{max(policy.timeout, 0.001):.3f}s"
+        timeout = timedelta(seconds=policy.timeout)
         self._client = {"timeout": timeout, "connect_timeout": timeout,
                         "allow_http": str(config.get("endpoint", "")).startswith("http://")}
         # streamforge retries (storage/retry.py): obstore answers each request once
-        self._retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=policy.timeout)}
+        self._retry = {"max_retries": 0, "retry_timeout": timeout}
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
 
