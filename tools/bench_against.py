@@ -161,7 +161,9 @@ def main(argv=None) -> None:
         args.section = "against-resume"
 
     if args.url:
-        meta = {"url": args.url, "tokens": None}
+        # each tree runs in its own directory: a local path is made absolute here
+        url = args.url if "://" in args.url else os.path.abspath(args.url)
+        meta = {"url": url, "tokens": None}
     else:
         from bench_pipeline import ensure_corpus  # the same corpus as the pipeline benchmark
 
