@@ -141,3 +141,24 @@ def test_a_process_forked_after_obstore_requests_reads_through_s3fs(s3_corpus, d
     assert kind != "ObstoreReader"
     assert [list(map(int, d)) for d in docs] == tokens
     parent.close()
+
+
+def _loader(url, opts, client, num_workers=0, context=None):
+    from storage_helpers import FAST_RETRY
+    from streamforge import PackedTokenDataset, Stream, StreamingLoader
+
+    ds = PackedTokenDataset([Stream(url, name="web", storage_options=opts)], seq_len=128, seed=0,
+                            shuffle_buffer=64, eos_id=0,
+                            storage=StorageConfig(retry=FAST_RETRY, request_bytes=16 << 10, client=client))
+    return StreamingLoader(ds, batch_size=4, num_workers=num_workers, multiprocessing_context=context)
+
+
+def test_loader_passes_equal_across_clients_and_worker_start_methods(s3_corpus):
+    """Spawned workers read through obstore themselves; forked ones through s3fs."""
+    from storage_helpers import batches, equal
+
+    url, opts, _ = s3_corpus
+    for workers, context in ((0, None), (2, None), (1, "spawn")):
+        reference = batches(_loader(url, opts, "fsspec", workers))  # the order depends on the workers
+        assert len(reference) > 10
+        assert equal(batches(_loader(url, opts, "obstore", workers, context)), reference), (workers, context)
