@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from .open import without_scheme
+
 
 class LocalReader:
     """``cat_file``, ``size`` and ``exists`` on local paths, as fsspec's local filesystem."""
@@ -18,11 +20,7 @@ class LocalReader:
 
     @staticmethod
     def _strip_protocol(url: str) -> str:
-        url = str(url)
-        for prefix in ("file://", "local://"):
-            if url.startswith(prefix):
-                url = url[len(prefix):]
-        return os.path.abspath(url)
+        return os.path.abspath(without_scheme(url, "file", "local"))
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         with open(path, "rb") as f:

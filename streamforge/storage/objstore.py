@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .config import RetryPolicy
+from .open import without_scheme
 
 # s3fs options that change nothing about how one object is read
 _HARMLESS = {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
@@ -174,11 +175,7 @@ class ObstoreReader:
 
     @staticmethod
     def _strip_protocol(url: str) -> str:
-        url = str(url)
-        for prefix in ("s3://", "s3a://"):
-            if url.startswith(prefix):
-                url = url[len(prefix):]
-        return url.rstrip("/")
+        return without_scheme(url, "s3", "s3a").rstrip("/")
 
     def _split(self, path: str) -> tuple[Any, str]:
         bucket, _, key = self._strip_protocol(path).partition("/")

@@ -181,6 +181,15 @@ def _share_service_data(fs) -> None:
     fs.session = session
 
 
+def without_scheme(url: str, *schemes: str) -> str:
+    """``url`` less the first of ``schemes`` (``"s3"``: ``s3://``) it starts with."""
+    url = str(url)
+    for scheme in schemes:
+        if url.startswith(scheme + "://"):
+            return url[len(scheme) + 3:]
+    return url
+
+
 def join(path: str, name: str) -> str:
     return f"{path.rstrip('/')}/{name}"
 
