@@ -184,7 +184,11 @@ class ObstoreReader:
             if store is None:
                 from obstore.store import S3Store
 
-                store = S3Store(bucket, config=self._config, client_options=self._client,
+                config = self._config
+                if "." in bucket and config.get("virtual_hosted_style_request"):
+                    # a dotted name is no valid TLS host name under s3.amazonaws.com
+                    config = {**config, "virtual_hosted_style_request": False}
+                store = S3Store(bucket, config=config, client_options=self._client,
                                 retry_config=self._retry)
                 self._stores[bucket] = store
         return store, key

@@ -162,3 +162,13 @@ def test_loader_passes_equal_across_clients_and_worker_start_methods(s3_corpus):
         reference = batches(_loader(url, opts, "fsspec", workers))  # the order depends on the workers
         assert len(reference) > 10
         assert equal(batches(_loader(url, opts, "obstore", workers, context)), reference), (workers, context)
+
+
+def test_a_dotted_bucket_on_aws_is_read_path_style():
+    reader = objstore.ObstoreReader({"access_key_id": "a", "secret_access_key": "b", "region": "eu-west-1",
+                                     "virtual_hosted_style_request": True}, RetryPolicy())
+    dotted, key = reader._split("s3://my.bucket/web/index.json")
+    plain, _ = reader._split("s3://plain/web/index.json")
+    assert key == "web/index.json"
+    assert str(dotted.config["virtual_hosted_style_request"]).lower() == "false"
+    assert str(plain.config["virtual_hosted_style_request"]).lower() == "true"
