@@ -250,12 +250,9 @@ class ShuffleBuffer:
         fetch_now = getattr(source, "fetch_now", None)
         if fetch_now is not None and pending.ready < stop:  # the frames read below, side by side
             now = itertools.takewhile(lambda u: u[3][0] < stop, itertools.islice(pending.units, pending.next, None))
-            fetch_now((s, min(records), max(records) + 1) for s, _, _, _, records in now)
+            fetch_now((s, a, b) for s, a, b, _, _ in now)
         while pending.ready < stop:
-            s, _, _, emit, records = pending.units[pending.next]
-            # only the frame's records from the first pending one to the last: the frame is
-            # decoded whole either way, but no view is made of the records around them
-            a, b = min(records), max(records) + 1
+            s, a, b, emit, records = pending.units[pending.next]
             docs = source.read(s, a, b)
             if len(docs) != b - a:
                 raise ShardCorruptError(f"{source.where(s, None, (a, b))}: {len(docs)} of {b - a} records read back")
@@ -682,8 +679,9 @@ class _Pending:
 
 
 def _restore_units(source, ranges, shard: np.ndarray, record: np.ndarray, skip: int) -> list:
-    """The reads of a restored window: one per frame holding pending documents (clipped to the
-    window's range it falls in), ordered by the position of its first pending document.
+    """The reads of a restored window: one per frame holding pending documents, from the first
+    of them to the last (the frame is decoded whole either way, but no view is made of the
+    records around them), ordered by the position of its first pending document.
     ``shard``/``record`` are the pending documents in emission order, from position ``skip``."""
     units = []
     position = np.arange(skip, skip + len(shard), dtype=np.int64)
@@ -697,10 +695,8 @@ def _restore_units(source, ranges, shard: np.ndarray, record: np.ndarray, skip: 
         by_frame = np.argsort(frames, kind="stable")  # stable: each frame's documents stay in emission order
         frames, recs, pos = frames[by_frame], recs[by_frame], pos[by_frame]
         heads = np.flatnonzero(np.concatenate(([True], frames[1:] != frames[:-1])))
-        first_record = index.first_records
-        stops = np.append(first_record[1:], index.num_records)
-        lo = np.maximum(a, first_record[frames[heads]]).tolist()
-        hi = np.minimum(b, stops[frames[heads]]).tolist()
+        lo = np.minimum.reduceat(recs, heads).tolist()
+        hi = (np.maximum.reduceat(recs, heads) + 1).tolist()
         bounds = heads.tolist() + [len(recs)]
         recs, pos = recs.tolist(), pos.tolist()
         for i, (l, h) in enumerate(zip(lo, hi)):
