@@ -10,20 +10,23 @@ position in the plan.
 from __future__ import annotations
 
 import bisect
+import os
 import threading
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 import zstandard
 
 from ..format.frames import ShardIndex, decode_frame
 from ..storage.pool import DaemonPool
-from ..storage.prefetch import FetchUnit, Prefetcher, group_frames, ramp
+from ..storage.prefetch import FIRST_UNIT_BYTES, FetchUnit, Prefetcher, group_frames, ramp
 
 if TYPE_CHECKING:
     from .shard_source import ShardSource
 
 
 INDEXES_AHEAD = 64
+HEAD_BYTES = 3 * FIRST_UNIT_BYTES  # a fresh start's first two units (``ramp``), read beside the index
 UNITS_IN_BUDGET = 4  # a fetch unit holds at most this fraction of the read-ahead budget
 
 
@@ -46,6 +49,7 @@ class ReadAhead:
         self._thread_local = threading.local()
         self._index_pool: DaemonPool | None = None
         self._ready: dict[tuple[int, int], tuple] = {}  # (shard, frame) -> fetched item (fetch_now)
+        self._head: tuple[int, Future] | None = None  # (shard, its first bytes, being read)
 
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
@@ -55,9 +59,11 @@ class ReadAhead:
             self._plan_by_shard.setdefault(s, []).append(i)
         self._plan_cursor = 0
         self._ready.clear()
+        self._head = None
         budget, threads = self.budget()
         if budget <= 0:
             return
+        self._read_head(self._plan)
         self._indexes_ahead(self._plan)
         if self.prefetcher is None:
             self.prefetcher = Prefetcher(self._fetch_unit, budget, threads, held=_held_bytes)
@@ -119,6 +125,7 @@ class ReadAhead:
 
     def close(self) -> None:
         self._ready.clear()
+        self._head = None
         if self.prefetcher is not None:
             self.prefetcher.close()
             self.prefetcher = None
@@ -135,10 +142,62 @@ class ReadAhead:
         shards = [s for s in dict.fromkeys(s for s, a, b in ranges if b > a) if s not in source._indexes]
         if not shards:
             return
+        pool = self._pool()
+        for shard in shards[:INDEXES_AHEAD]:
+            pool.submit(_quietly, source.index, shard)
+
+    def _read_head(self, plan: list[tuple[int, int, int]]) -> None:
+        """Start reading the first ``HEAD_BYTES`` of the plan's first shard beside its index,
+        where that shard is remote, read from its first record, and its index not read yet.
+
+        A fresh start's first batch otherwise waits for two round trips in a row: the index,
+        then the frames it locates. A shard's first frame starts at byte 0, so the head holds
+        the new plan's first units (``ramp``: 256 KiB, then 512 KiB) unless its frames are
+        larger; the units inside it take their frames from it (``_take_head``), and it is
+        dropped at the first unit of its shard that does not fit."""
+        source = self.source
+        first = next(((s, a) for s, a, b in plan if b > a), None)
+        if first is None or first[1] != 0 or source.fetcher.local or first[0] in source._indexes:
+            return
+        shard = first[0]
+        col = source.manifest.columns
+        stop = min(HEAD_BYTES, int(col["index_offset"][shard]))
+        name = source.manifest.shard_names[shard]
+        if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
+            return  # the cache holds the first frame: no request to save
+        what = f"{source.where(shard)} bytes 0..{stop}"
+        read, size = source.fetcher.read, int(col["bytes"][shard])
+        self._head = (shard, self._pool().submit(lambda: read(name, 0, stop, what=what, file_size=size)))
+
+    def _take_head(self, unit: FetchUnit, index: ShardIndex) -> list | None:
+        """The frames of ``unit`` from the head read (``_read_head``); None where the unit is
+        of another shard, where it ends past the head (the head is then dropped), or where the
+        head's read failed (the unit's own request retries, and raises with its context)."""
+        head = self._head
+        if head is None or head[0] != unit.shard:
+            return None
+        lo, hi = index.byte_range(unit.first, unit.stop)
+        try:
+            blob = memoryview(head[1].result())
+        except Exception:  # noqa: BLE001 - the unit's own request raises it with context
+            blob = None
+        if blob is None or hi > len(blob):
+            self._head = None
+            return None
+        frames, out = index.frames, []
+        name, cache = self.source.manifest.shard_names[unit.shard], self.source.cache
+        for f in range(unit.first, unit.stop):
+            a = int(frames["comp_offset"][f])
+            piece = blob[a : a + int(frames["comp_size"][f])]
+            if cache is not None:
+                cache.put(name, f, piece)
+            out.append((piece, False))
+        return out
+
+    def _pool(self) -> DaemonPool:
         if self._index_pool is None:
             self._index_pool = DaemonPool(2, "sf-index")
-        for shard in shards[:INDEXES_AHEAD]:
-            self._index_pool.submit(_quietly, source.index, shard)
+        return self._index_pool
 
     def take(self, shard: int, start: int, frames: list[int], index: ShardIndex) -> list:
         """The prefetched ``(buffer, from_cache, raw)`` of each of ``frames`` (in order) of a read
@@ -195,7 +254,9 @@ class ReadAhead:
         error policy, in ``ShardSource._decode``."""
         source = self.source
         index = source.index(unit.shard)
-        got = source._fetch_frames(unit.shard, unit.first, unit.stop, index)
+        got = self._take_head(unit, index) if self._head is not None else None
+        if got is None:
+            got = source._fetch_frames(unit.shard, unit.first, unit.stop, index)
         local = self._thread_local
         decompressor = getattr(local, "decompressor", None)
         if decompressor is None:
