@@ -143,6 +143,9 @@ class Packer:
                 break
             stream, run = got
             run.copy_into(flat[filled : filled + run.size])
+            # its tokens are copied: let go of its frames, or a window that ends mid-batch
+            # keeps a dozen of them alive while the next window is read
+            run.parts = None
             runs.append((filled, stream, run))
             filled += run.size
         if filled == 0:
