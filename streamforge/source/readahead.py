@@ -66,7 +66,8 @@ class ReadAhead:
         self._read_head(self._plan)
         self._indexes_ahead(self._plan)
         if self.prefetcher is None:
-            self.prefetcher = Prefetcher(self._fetch_unit, budget, threads, held=_held_bytes)
+            self.prefetcher = Prefetcher(self._fetch_unit, budget, threads, held=_held_bytes,
+                                         help_reader=self.source.fetcher.local)
         self.prefetcher.plan(self._units(list(self._plan), ramp_up=True))
 
     def budget(self) -> tuple[int, int]:

@@ -61,9 +61,11 @@ class Prefetcher:
 
     def __init__(
         self, fetch: Callable[[FetchUnit], list], budget: int, threads: int,
-        held: Callable[[Any], int] | None = None,
+        held: Callable[[Any], int] | None = None, help_reader: bool = False,
     ) -> None:
         self._fetch = fetch  # unit -> list of per-frame buffers, in frame order
+        # a reader waiting for a frame in flight fetches the next queued unit itself (``take``)
+        self.help_reader = help_reader
         # bytes a fetched buffer holds: once a unit is fetched, its frames count what they
         # hold instead of the unit's estimate (a frame kept decoded only counts its raw bytes)
         self._held_by = held
@@ -144,7 +146,15 @@ class Prefetcher:
                 if began is None:
                     began = time.perf_counter()
                 while not entry.done and self._entries.get(key) is entry:
-                    self._cond.wait()
+                    job = self._queued() if self.help_reader else None
+                    if job is None:
+                        self._cond.wait()
+                        continue
+                    self._cond.release()
+                    try:
+                        self._complete(*job)
+                    finally:
+                        self._cond.acquire()
             if began is not None:  # a wait for the scheduler, a fetch in flight, or both
                 self.wait_seconds += time.perf_counter() - began
             if entry is None:
@@ -171,6 +181,22 @@ class Prefetcher:
             self._queue.put(None)
 
     # -- internals (call with the lock held) ----------------------------------------------
+    def _queued(self):
+        """A unit queued for the fetch threads and not begun, taken off the queue, or None.
+
+        A reader of local files waits for frames only where the decoding fell behind it (a
+        shuffle window wants thousands of documents at once); the frames it waits for are
+        in flight on a fetch thread, and the queued unit after them is what it needs next.
+        Decoding that unit on the reader's thread puts both cores to work on the wait (zstd
+        releases the GIL). A reader of an object store does not help: it would wait on a
+        request instead of on the frame it asked for."""
+        try:
+            job = self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if job is None:  # closing: the sentinel goes back for its thread
+            self._queue.put(None)
+        return job
     def _release(self, entry: _Entry) -> None:
         """Give back an entry's share of the budget and drop its buffers: an entry may still
         be named by a fetch thread's last unit, which must not keep the bytes alive."""

@@ -1,6 +1,7 @@
 """Fetch units: how planned frames are grouped into requests (no files, no threads)."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -176,6 +177,41 @@ def test_the_reader_s_waits_and_the_fetch_threads_busy_time_are_counted():
         assert pf.take((0, 1), (1, 1)) == bytes(10)  # fetched already: no wait
         assert pf.wait_seconds == waited
         assert pf.busy_seconds >= 0.1  # each unit's fetch took 0.05 s or more
+    finally:
+        gate.set()
+        pf.close()
+
+
+@pytest.mark.parametrize("help_reader", [True, False])
+def test_a_waiting_reader_fetches_the_next_queued_unit_itself(help_reader):
+    """With ``help_reader`` (local files), a reader waiting for a frame in flight takes the
+    next queued unit off the queue and fetches it on its own thread, so the decoding behind a
+    wait runs on two cores; the frames it fetched are handed out as any other. Without it
+    (an object store), every unit is fetched by the fetch threads."""
+    import threading
+    import time
+
+    from streamforge.storage.prefetch import Prefetcher
+
+    gate = threading.Event()
+    fetched_by = {}
+
+    def fetch(unit):
+        fetched_by[unit.range_idx] = threading.current_thread().name
+        if unit.range_idx == 0:
+            gate.wait(10)  # in flight until the reader has had time to help
+        return [bytes([unit.range_idx]) * 10 for _ in range(unit.first, unit.stop)]
+
+    pf = Prefetcher(fetch, budget=1 << 20, threads=1, help_reader=help_reader)
+    pf.plan([FetchUnit(i, 0, i, i + 1, 20) for i in range(3)])
+    try:
+        reader = threading.current_thread().name
+        threading.Timer(0.5, gate.set).start()
+        assert pf.take((0, 0), (0, 0)) == bytes([0]) * 10
+        assert [pf.take((0, i), (i, i)) for i in (1, 2)] == [bytes([1]) * 10, bytes([2]) * 10]
+        assert fetched_by[0] == "sf-fetch-0"
+        helped = [i for i in (1, 2) if fetched_by[i] == reader]
+        assert helped if help_reader else not helped
     finally:
         gate.set()
         pf.close()
