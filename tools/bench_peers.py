@@ -1165,6 +1165,8 @@ def plot_peers(res: dict, path: str, title: str) -> None:
 
 
 def peers_section(results: dict, metas: dict, args, run: dict) -> str:
+    from streamforge.storage.config import LOCAL_READ_AHEAD, REMOTE_READ_AHEAD
+
     main = min(results)
     res, meta = results[main], metas[main]
     command, load = run["command"], run["load"]
@@ -1184,7 +1186,7 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "(`PackedTokenDataset(url, seq_len=2048, seed=0)`, `StreamingLoader(batch_size=8)`) delivers its full "
         "batch contract: input_ids, labels, position_ids, doc_ids, source_ids, documents shuffled in "
         "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
-        "(local 16 MiB on one fetch thread, S3 64 MiB on four), S3 read through obstore's client in the "
+        f"(local {LOCAL_READ_AHEAD[0] >> 20} MiB on one fetch thread, S3 {REMOTE_READ_AHEAD[0] >> 20} MiB on four), S3 read through obstore's client in the "
         "training process and through s3fs in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
         "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
         "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "

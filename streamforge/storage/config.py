@@ -72,7 +72,7 @@ class HedgePolicy:
             raise ConfigError(f"HedgePolicy.warmup ({self.warmup}) must be <= window ({self.window})")
 
 
-LOCAL_READ_AHEAD = (16 << 20, 1)  # (prefetch_bytes, prefetch_threads) for local files
+LOCAL_READ_AHEAD = (8 << 20, 1)  # (prefetch_bytes, prefetch_threads) for local files
 REMOTE_READ_AHEAD = (64 << 20, 4)  # and for object stores
 
 
@@ -82,7 +82,7 @@ class StorageConfig:
 
     - ``prefetch_bytes``: per-reader budget of bytes fetched ahead of the reader; 0 turns
       background prefetch off (reads become plain ranged requests). None (the default)
-      chooses by where the stream lives: 16 MiB for local files, 64 MiB for object stores
+      chooses by where the stream lives: 8 MiB for local files, 64 MiB for object stores
       (``read_ahead``).
     - ``cache_dir`` / ``cache_limit``: keep fetched frames on local disk, least recently used
       evicted past ``cache_limit`` bytes (None: no limit). Safe to share between processes.
@@ -144,11 +144,12 @@ class StorageConfig:
 
         The defaults differ because what read-ahead hides differs. A local read takes
         microseconds, but decoding takes about as long as the rest of the pipeline, and a
-        shuffle window wants thousands of documents at once: 16 MiB ahead on one thread
-        decodes most of the next window while the current one is packed (on the 50M-token
-        corpus of ``tools/bench_peers.py``, the reader's waits for frames fell from 0.31 s to
-        0.11 s of a 0-worker pass). More threads cost memory (freed frames stay in each
-        thread's malloc arena) and contend for the GIL between frames. An object store
+        shuffle window wants thousands of documents at once: 8 MiB ahead on one thread
+        decodes much of the next window while the current one is packed, and a reader that
+        still waits decodes the next queued frames itself (``Prefetcher(help_reader=True)``),
+        so a larger budget buys no speed (docs/storage.md, "Read-ahead"). More threads cost
+        memory (freed frames stay in each thread's malloc arena) and contend for the GIL
+        between frames. An object store
         answers in tens of milliseconds, so a deep budget and parallel requests keep its
         reads ahead of the reader."""
         budget, threads = LOCAL_READ_AHEAD if local else REMOTE_READ_AHEAD

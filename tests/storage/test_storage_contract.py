@@ -144,7 +144,7 @@ def test_read_ahead_defaults_follow_the_backend(corpus, docs):
     assert source.fetcher.local is local
     assert same(tokens_of(read_all(source)), docs)
     pf = source._readahead.prefetcher
-    assert (pf.budget, pf.threads) == ((16 << 20, 1) if local else (64 << 20, 4))
+    assert (pf.budget, pf.threads) == ((8 << 20, 1) if local else (64 << 20, 4))
     source.close()
     assert StorageConfig(prefetch_bytes=1 << 20, prefetch_threads=3).read_ahead(local) == (1 << 20, 3)
     assert StorageConfig(prefetch_bytes=0).read_ahead(local)[0] == 0
