@@ -4,7 +4,8 @@
 order. ``ReadAhead`` turns them into fetch units (consecutive frames up to ``request_bytes``;
 a frame shared by two neighbouring ranges is planned once), fetches and decodes them on the
 prefetch threads, and gives each frame back to the read that asks for it, matched by its
-position in the plan.
+position in the plan. A fresh plan from an object store reads its first shard's first bytes
+beside that shard's index (``_read_head``), so its first units need no request of their own.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class ReadAhead:
         self._thread_local = threading.local()
         self._index_pool: DaemonPool | None = None
         self._ready: dict[tuple[int, int], tuple] = {}  # (shard, frame) -> fetched item (fetch_now)
-        self._head: tuple[int, Future] | None = None  # (shard, its first bytes, being read)
+        # (shard, the read of its first bytes): set by ``plan``, dropped by the fetch thread
+        # that finds it of no use; a stale drop only costs the round trip it would have saved
+        self._head: tuple[int, Future] | None = None
 
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""

@@ -147,11 +147,10 @@ class StorageConfig:
         shuffle window wants thousands of documents at once: 8 MiB ahead on one thread
         decodes much of the next window while the current one is packed, and a reader that
         still waits decodes the next queued frames itself (``Prefetcher(help_reader=True)``),
-        so a larger budget buys no speed (docs/storage.md, "Read-ahead"). More threads cost
+        so a larger budget buys no speed (docs/storage.md, "Prefetch"). More threads cost
         memory (freed frames stay in each thread's malloc arena) and contend for the GIL
-        between frames. An object store
-        answers in tens of milliseconds, so a deep budget and parallel requests keep its
-        reads ahead of the reader."""
+        between frames. An object store answers in tens of milliseconds, so a deep budget
+        and parallel requests keep its reads ahead of the reader."""
         budget, threads = LOCAL_READ_AHEAD if local else REMOTE_READ_AHEAD
         return (budget if self.prefetch_bytes is None else self.prefetch_bytes,
                 threads if self.prefetch_threads is None else self.prefetch_threads)

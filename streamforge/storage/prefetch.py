@@ -7,6 +7,8 @@ bytes fetched but not yet taken stay within ``budget``; a unit larger than the b
 still fetched when nothing else is held, so progress never stalls. The reader ``take``s
 frames in plan order; a frame it never asks for is released once the reader has taken a
 later one. A new plan replaces the old one at once (results of the old plan are dropped).
+With ``help_reader`` (local files), a reader waiting for a frame in flight fetches the next
+queued unit on its own thread meanwhile.
 
 Failures in the background are not retried twice: the fetch function already retries, and
 its final error is handed to the reader when it takes the frame, so it surfaces in the
@@ -197,6 +199,7 @@ class Prefetcher:
         if job is None:  # closing: the sentinel goes back for its thread
             self._queue.put(None)
         return job
+
     def _release(self, entry: _Entry) -> None:
         """Give back an entry's share of the budget and drop its buffers: an entry may still
         be named by a fetch thread's last unit, which must not keep the bytes alive."""
