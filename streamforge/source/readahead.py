@@ -212,14 +212,15 @@ class ReadAhead:
         j = self._plan_pos(shard, start) if pf is not None else None
         if j is None:
             return [None] * len(frames)
-        out = []
+        positions = []
         for f in frames:
             rec = max(start, int(index.frames["first_record"][f]))
             while (j + 1 < len(self._plan) and self._plan[j][2] <= rec
                    and self._plan[j + 1][0] == shard):
                 j += 1
-            out.append(pf.take((shard, f), (j, f)))
-        return out
+            positions.append((j, f))
+        until = positions[-1] if positions else None  # a waiting reader helps up to here
+        return [pf.take((shard, f), pos, until) for f, pos in zip(frames, positions)]
 
     def _units(self, plan: list[tuple[int, int, int]], first_idx: int = 0, ramp_up: bool = False) -> Iterator[FetchUnit]:
         """Fetch units of ``plan``; a new plan's (``ramp_up``) start small and double (``ramp``),

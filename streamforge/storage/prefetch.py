@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+from collections import deque
 import threading
 import time
 from dataclasses import dataclass
@@ -80,6 +81,9 @@ class Prefetcher:
         self._reader_pos: Pos = (-1, 0)
         self._progress: Pos = _END  # every frame before this position is registered
         self._plan: Iterator[FetchUnit] | None = None
+        # units registered and not begun, in plan order; each has a wake-up on ``_queue`` for
+        # a fetch thread, and a waiting reader may take one first (``take``)
+        self._jobs: deque = deque()
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._workers: list[threading.Thread] = []
@@ -99,6 +103,7 @@ class Prefetcher:
         with self._cond:
             self._generation += 1
             self._entries.clear()
+            self._jobs.clear()  # the old plan's units not begun are not fetched at all
             self._held = 0
             self._reader_pos = (-1, 0)
             self._progress = (-1, 0)
@@ -121,11 +126,13 @@ class Prefetcher:
             self._cond.notify_all()
         self._start()
 
-    def take(self, key: Key, pos: Pos):
+    def take(self, key: Key, pos: Pos, until: Pos | None = None):
         """The buffer of frame ``key`` if the plan has it at or before ``pos``, else None.
 
         Waits for the scheduler to reach ``pos`` and for the fetch to finish; raises the
-        error the background fetch ended with.
+        error the background fetch ended with. ``until``: the last position of the read this
+        frame is part of (default ``pos``); with ``help_reader``, a wait fetches the units
+        queued up to there on this thread.
         """
         with self._cond:
             if pos > self._reader_pos:
@@ -148,7 +155,7 @@ class Prefetcher:
                 if began is None:
                     began = time.perf_counter()
                 while not entry.done and self._entries.get(key) is entry:
-                    job = self._queued() if self.help_reader else None
+                    job = self._queued(pos if until is None else until) if self.help_reader else None
                     if job is None:
                         self._cond.wait()
                         continue
@@ -179,26 +186,26 @@ class Prefetcher:
             self._entries.clear()
             self._held = 0
             self._cond.notify_all()
+        self._jobs.clear()
         for _ in self._workers:
             self._queue.put(None)
 
     # -- internals (call with the lock held) ----------------------------------------------
-    def _queued(self):
-        """A unit queued for the fetch threads and not begun, taken off the queue, or None.
+    def _queued(self, until: Pos):
+        """The first queued unit not begun, taken off the queue, where the reader's read needs
+        it (it starts at or before ``until``); else None.
 
         A reader of local files waits for frames only where the decoding fell behind it (a
         shuffle window wants thousands of documents at once); the frames it waits for are
-        in flight on a fetch thread, and the queued unit after them is what it needs next.
-        Decoding that unit on the reader's thread puts both cores to work on the wait (zstd
-        releases the GIL). A reader of an object store does not help: it would wait on a
-        request instead of on the frame it asked for."""
-        try:
-            job = self._queue.get_nowait()
-        except queue.Empty:
-            return None
-        if job is None:  # closing: the sentinel goes back for its thread
-            self._queue.put(None)
-        return job
+        in flight on a fetch thread, and the queued units after them are what its read needs
+        next. Decoding one on the reader's thread puts both cores to work on the wait (zstd
+        releases the GIL). A unit past the read stays for the fetch threads: decoding it here
+        would hold the reader back for frames it does not need yet. A reader of an object
+        store does not help: it would wait on a request instead of on the frame it asked for."""
+        jobs = self._jobs
+        if jobs and (jobs[0][1].range_idx, jobs[0][1].first) <= until:
+            return jobs.popleft()
+        return None
 
     def _release(self, entry: _Entry) -> None:
         """Give back an entry's share of the budget and drop its buffers: an entry may still
@@ -267,9 +274,11 @@ class Prefetcher:
                     continue
                 keys, entries = self._register(unit)
                 self._progress = max(self._progress, (unit.range_idx, unit.stop))
+                if keys:
+                    self._jobs.append((generation, unit, keys, entries))
                 self._cond.notify_all()
             if keys:
-                self._queue.put((generation, unit, keys, entries))
+                self._queue.put(())  # a fetch thread's wake-up: it takes the first job left
 
     def _collides(self, unit: FetchUnit) -> bool:
         """A frame of ``unit`` is held for an earlier position (an infinite stream's next pass
@@ -295,7 +304,14 @@ class Prefetcher:
         return keys, entries
 
     def _work(self) -> None:
-        serve(self._queue, self._complete)
+        serve(self._queue, self._next_job)
+
+    def _next_job(self) -> None:
+        """Fetch the first queued unit, unless a waiting reader took every one already."""
+        with self._cond:
+            job = self._jobs.popleft() if self._jobs else None
+        if job is not None:
+            self._complete(*job)
 
     def _complete(self, generation: int, unit: FetchUnit, keys: list[Key], entries: list[_Entry]) -> None:
         with self._cond:

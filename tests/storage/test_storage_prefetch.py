@@ -183,11 +183,12 @@ def test_the_reader_s_waits_and_the_fetch_threads_busy_time_are_counted():
 
 
 @pytest.mark.parametrize("help_reader", [True, False])
-def test_a_waiting_reader_fetches_the_next_queued_unit_itself(help_reader):
+def test_a_waiting_reader_fetches_the_queued_units_of_its_read_itself(help_reader):
     """With ``help_reader`` (local files), a reader waiting for a frame in flight takes the
-    next queued unit off the queue and fetches it on its own thread, so the decoding behind a
-    wait runs on two cores; the frames it fetched are handed out as any other. Without it
-    (an object store), every unit is fetched by the fetch threads."""
+    queued units its read needs (up to ``until``) off the queue and fetches them on its own
+    thread, so the decoding behind a wait runs on two cores; the frames it fetched are handed
+    out as any other, and a unit past its read is left to the fetch threads. Without it (an
+    object store), every unit is fetched by the fetch threads."""
     import threading
     import time
 
@@ -203,15 +204,15 @@ def test_a_waiting_reader_fetches_the_next_queued_unit_itself(help_reader):
         return [bytes([unit.range_idx]) * 10 for _ in range(unit.first, unit.stop)]
 
     pf = Prefetcher(fetch, budget=1 << 20, threads=1, help_reader=help_reader)
-    pf.plan([FetchUnit(i, 0, i, i + 1, 20) for i in range(3)])
+    pf.plan([FetchUnit(i, 0, i, i + 1, 20) for i in range(4)])
     try:
         reader = threading.current_thread().name
         threading.Timer(0.5, gate.set).start()
-        assert pf.take((0, 0), (0, 0)) == bytes([0]) * 10
-        assert [pf.take((0, i), (i, i)) for i in (1, 2)] == [bytes([1]) * 10, bytes([2]) * 10]
-        assert fetched_by[0] == "sf-fetch-0"
+        assert pf.take((0, 0), (0, 0), until=(2, 2)) == bytes([0]) * 10  # a read of frames 0..2
+        assert [pf.take((0, i), (i, i)) for i in (1, 2, 3)] == [bytes([i]) * 10 for i in (1, 2, 3)]
+        assert fetched_by[0] == fetched_by[3] == "sf-fetch-0"
         helped = [i for i in (1, 2) if fetched_by[i] == reader]
-        assert helped if help_reader else not helped
+        assert helped == ([1, 2] if help_reader else [])
     finally:
         gate.set()
         pf.close()
