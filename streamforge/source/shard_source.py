@@ -384,6 +384,7 @@ class ShardSource:
         out: dict[str, int | float] = {
             "requests": self.fetcher.stats.requests,
             "bytes_fetched": self.fetcher.stats.bytes_fetched,
+            "obstore_requests": self.fetcher.stats.obstore_requests,
             "retries": self.fetcher.retries,
             "hedged": self.fetcher.hedged,
             "hedge_won": self.fetcher.hedge_won,

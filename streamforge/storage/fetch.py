@@ -26,17 +26,20 @@ from .retry import Retrier, ShortRead
 class FetchStats:
     """Counters shared by the fetch threads of one reader (updated under a lock)."""
 
-    FIELDS = ("requests", "bytes_fetched")
+    FIELDS = ("requests", "bytes_fetched", "obstore_requests")
 
     def __init__(self) -> None:
         self.requests = 0
         self.bytes_fetched = 0
+        self.obstore_requests = 0  # of ``requests``, those answered by obstore's client
         self._lock = threading.Lock()
 
-    def add(self, requests: int, nbytes: int) -> None:
+    def add(self, requests: int, nbytes: int, obstore: bool = False) -> None:
         with self._lock:
             self.requests += requests
             self.bytes_fetched += nbytes
+            if obstore:
+                self.obstore_requests += requests
 
     def __getstate__(self) -> dict:
         return {}
@@ -121,6 +124,7 @@ class ByteFetcher:
         fs, path = self._open()
         target = join(path, name)
         where = what or f"{self.url}/{name}"
+        obstore = getattr(fs, "client", None) == "obstore"
 
         def request() -> bytes:
             try:
@@ -129,7 +133,7 @@ class ByteFetcher:
                 if exc.errno == errno.EINVAL and file_size is not None:  # S3 416 InvalidRange
                     self._check_size(fs, target, where, file_size)
                 raise
-            self.stats.add(1, len(data))
+            self.stats.add(1, len(data), obstore)
             if len(data) != stop - start:
                 if file_size is not None:
                     self._check_size(fs, target, where, file_size)

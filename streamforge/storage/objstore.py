@@ -162,6 +162,7 @@ class ObstoreReader:
     ``cat_file`` (whole or a byte range), ``size``, ``exists``. One store per bucket."""
 
     protocol = "s3"
+    client = "obstore"  # counted apart in ``stats()["obstore_requests"]``
 
     def __init__(self, config: dict[str, Any], policy: RetryPolicy) -> None:
         self._config = config

@@ -40,6 +40,8 @@ def test_both_clients_read_the_same_records(s3_corpus, docs):
     a, b = read_all(fast), read_all(slow)
     assert same(tokens_of(a), docs) and same(tokens_of(a), tokens_of(b))
     assert fast.stats()["bytes_fetched"] == slow.stats()["bytes_fetched"] > 0
+    assert fast.stats()["obstore_requests"] == fast.stats()["requests"] > 0  # which client answered
+    assert slow.stats()["obstore_requests"] == 0 < slow.stats()["requests"]
     fast.close()
     slow.close()
 
@@ -161,7 +163,14 @@ def test_loader_passes_equal_across_clients_and_worker_start_methods(s3_corpus):
     for workers, context in ((0, None), (2, None), (1, "spawn")):
         reference = batches(_loader(url, opts, "fsspec", workers))  # the order depends on the workers
         assert len(reference) > 10
-        assert equal(batches(_loader(url, opts, "obstore", workers, context)), reference), (workers, context)
+        loader = _loader(url, opts, "obstore", workers, context)
+        assert equal(batches(loader), reference), (workers, context)
+        # stats() says which client read: all obstore in one process or spawned workers; in
+        # forked workers s3fs, the trainer's head start alone through obstore
+        stats = loader.stats()["streams"]["web"]
+        forked = workers > 0 and context is None
+        assert 0 < stats["obstore_requests"] < stats["requests"] if forked else (
+            stats["obstore_requests"] == stats["requests"] > 0), (workers, context, stats)
 
 
 def test_a_dotted_bucket_on_aws_is_read_path_style():
