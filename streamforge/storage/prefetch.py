@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import itertools
 import queue
-from collections import deque
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -184,9 +184,9 @@ class Prefetcher:
             self._closed = True
             self._generation += 1
             self._entries.clear()
+            self._jobs.clear()
             self._held = 0
             self._cond.notify_all()
-        self._jobs.clear()
         for _ in self._workers:
             self._queue.put(None)
 
