@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import zstandard
 
 from ..format.frames import ShardIndex, decode_frame
+from ..storage.fetch import cut_frames
 from ..storage.pool import DaemonPool
 from ..storage.prefetch import FIRST_UNIT_BYTES, FetchUnit, Prefetcher, group_frames, ramp
 
@@ -180,23 +181,17 @@ class ReadAhead:
         head = self._head
         if head is None or head[0] != unit.shard:
             return None
-        lo, hi = index.byte_range(unit.first, unit.stop)
+        _, hi = index.byte_range(unit.first, unit.stop)
         try:
-            blob = memoryview(head[1].result())
+            blob = head[1].result()
         except Exception:  # noqa: BLE001 - the unit's own request raises it with context
             blob = None
         if blob is None or hi > len(blob):
             self._head = None
             return None
-        frames, out = index.frames, []
-        name, cache = self.source.manifest.shard_names[unit.shard], self.source.cache
-        for f in range(unit.first, unit.stop):
-            a = int(frames["comp_offset"][f])
-            piece = blob[a : a + int(frames["comp_size"][f])]
-            if cache is not None:
-                cache.put(name, f, piece)
-            out.append((piece, False))
-        return out
+        frames, source = index.frames, self.source
+        return cut_frames(blob, 0, frames["comp_offset"], frames["comp_size"], unit.first, unit.stop,
+                          source.cache, source.manifest.shard_names[unit.shard])
 
     def _pool(self) -> DaemonPool:
         if self._index_pool is None:

@@ -26,8 +26,6 @@ from .retry import Retrier, ShortRead
 class FetchStats:
     """Counters shared by the fetch threads of one reader (updated under a lock)."""
 
-    FIELDS = ("requests", "bytes_fetched", "obstore_requests")
-
     def __init__(self) -> None:
         self.requests = 0
         self.bytes_fetched = 0
@@ -180,12 +178,21 @@ def fetch_frames(
         while g < stop and out[g - first] is None:
             g += 1
         lo, hi = int(offsets[f]), int(offsets[g - 1] + sizes[g - 1])
-        blob = memoryview(fetcher.read(name, lo, hi, what=describe(f, g), file_size=file_size))
-        for h in range(f, g):
-            a = int(offsets[h]) - lo
-            piece = blob[a : a + int(sizes[h])]
-            out[h - first] = (piece, False)
-            if cache is not None:
-                cache.put(name, h, piece)
+        blob = fetcher.read(name, lo, hi, what=describe(f, g), file_size=file_size)
+        out[f - first : g - first] = cut_frames(blob, lo, offsets, sizes, f, g, cache, name)
         f = g
+    return out
+
+
+def cut_frames(blob, lo: int, offsets, sizes, first: int, stop: int, cache, name: str) -> list:
+    """Frames ``first..stop-1`` of file ``name`` cut from ``blob``, the file's bytes from
+    offset ``lo``, as ``[(buffer, False), ...]`` (views, no copy); each stored in ``cache``
+    (a ``FrameCache`` or None)."""
+    view, out = memoryview(blob), []
+    for f in range(first, stop):
+        a = int(offsets[f]) - lo
+        piece = view[a : a + int(sizes[f])]
+        out.append((piece, False))
+        if cache is not None:
+            cache.put(name, f, piece)
     return out

@@ -90,11 +90,12 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
     """
     given = dict(storage_options or {})
     protocol = protocol_of(url)
-    if client != "fsspec" and protocol == "file" and "::" not in str(url):
+    direct = client != "fsspec" and "::" not in str(url)  # a reader, and no chained URL
+    if direct and protocol == "file":
         from .local import LOCAL_READER
 
         return LOCAL_READER, LOCAL_READER._strip_protocol(url)
-    if client != "fsspec" and protocol == "s3" and "::" not in str(url):
+    if direct and protocol == "s3":
         reader = _obstore_reader(url, given, policy or RetryPolicy(), client)
         if reader is not None:
             return reader, reader._strip_protocol(url)
