@@ -128,7 +128,10 @@ def test_an_infinite_reader_reads_ahead_across_the_pass_boundary(tmp_path, docs)
     assert same(seen, list(docs) * 3)
     # the plan was announced once and extended at each boundary, never replaced
     assert prefetcher._generation == generation == 1
-    assert prefetcher.waits <= 2 and prefetcher.hits > 0
+    # every frame came through the read-ahead: none was requested outside its plan (a count
+    # of the reader's waits would depend on how the threads were scheduled)
+    counters = source.counters
+    assert counters["frames_decoded"] > 0 and counters["prefetch_hits"] == counters["frames_decoded"]
     source.close()
 
 
