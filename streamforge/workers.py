@@ -15,7 +15,9 @@ a ring of shared memory (``_Ring``, handed to the main process once, with the fi
 that uses it) and the message carries where they are; the main process copies them out and
 acknowledges the slot. The pipe then carries about 1 KB per batch instead of the batch's
 tokens, and a message costs no shared-memory hand-over of its own (about 4 ms each, as a
-shared tensor per message was measured to cost). A worker's first message, and one that
+shared tensor per message was measured to cost). A message is written field by field (each
+field of all its batches end to end), so shipping and receiving it costs a copy per field,
+not per array. A worker's first message, and one that
 cannot get a slot in time, travel whole, pickled.
 
 Threads instead of processes were measured and lose on this kind of machine: two pipelines
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import math
 import time
 from collections import deque
@@ -180,39 +183,48 @@ class _Ring:
 
     def ship(self, message: list[tuple]):
         """``message`` as it goes on the queue: ``("ring", worker, seq, shared or None, used,
-        items)``, each batch's arrays written to the slot and replaced by ``(offset, shape,
-        dtype)`` relative to the slot; or ``("whole", items)`` when it does not fit."""
-        need = sum(_ALIGN + a.nbytes for item in message for a in _arrays(item[3]))
+        items, layout)``, the batches' arrays written to the slot field by field (each field
+        of all the message's batches end to end: one copy a field, not one an array) and
+        each item's batch replaced by None; ``layout`` says where each field lies in the slot
+        and each batch's length in it. ``("whole", items)`` when the message does not fit, or
+        its batches do not share each field's dtype and row shape."""
+        fields = [[getattr(item[3], name) for item in message] for name in _FIELDS]
+        need = sum(_ALIGN + a.nbytes for arrays in fields for a in arrays)
         self.messages += 1
-        if self.messages == 1 or need > self.slot_bytes or not self._free_slot():
+        if self.messages == 1 or need > self.slot_bytes or not _uniform(fields) or not self._free_slot():
             return ("whole", message)
         base = self.HEADER + (self.sent % self.slots) * self.slot_bytes
-        at, items = 0, []
-        for item in message:
-            rows, where = item[3], {}
-            for name, a in zip(_FIELDS, _arrays(rows)):
-                at = -(-at // _ALIGN) * _ALIGN
-                self.memory[base + at : base + at + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-                where[name] = (at, a.shape, a.dtype.str)
-                at += a.nbytes
-            items.append(item[:3] + (RowBatch(**where),) + item[4:])
+        at, layout = 0, []
+        for arrays in fields:
+            at = -(-at // _ALIGN) * _ALIGN
+            first = arrays[0]
+            lengths = [len(a) for a in arrays]
+            shape = (sum(lengths),) + first.shape[1:]
+            nbytes = sum(a.nbytes for a in arrays)
+            out = self.memory[base + at : base + at + nbytes].view(first.dtype).reshape(shape)
+            np.concatenate(arrays, out=out)
+            layout.append((at, shape, first.dtype.str, lengths))
+            at += nbytes
         shared = None if self.announced else self.shared
         self.announced = True
         self.sent += 1
-        return ("ring", self.worker, self.sent - 1, shared, at, items)
+        items = [item[:3] + (None,) + item[4:] for item in message]
+        return ("ring", self.worker, self.sent - 1, shared, at, items, layout)
+
+
+def _uniform(fields: list[list[np.ndarray]]) -> bool:
+    """Whether each field's arrays share a dtype and a row shape (they can go end to end)."""
+    return all(a.dtype == arrays[0].dtype and a.shape[1:] == arrays[0].shape[1:] for arrays in fields for a in arrays)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RowBatch))
 _ALIGN = 8
 
 
-def _arrays(rows: RowBatch) -> list[np.ndarray]:
-    return [getattr(rows, name) for name in _FIELDS]
-
-
 class _Rings:
     """The main process's side: each worker's ring; a message's arrays are copied out in one
-    piece (they become views of that private copy) and the slot is acknowledged."""
+    piece (each batch's arrays become views of that private copy) and the slot is
+    acknowledged."""
 
     def __init__(self) -> None:
         self.memory: dict[int, np.ndarray] = {}
@@ -222,7 +234,7 @@ class _Rings:
             return message
         if message[0] == "whole":
             return message[1]
-        _, worker, seq, shared, used, items = message
+        _, worker, seq, shared, used, items, layout = message
         if shared is not None:
             self.memory[worker] = shared.numpy()
         memory = self.memory[worker]
@@ -230,13 +242,13 @@ class _Rings:
         base = _Ring.HEADER + (seq % int(header[1])) * int(header[2])
         private = memory[base : base + used].copy()
         header[0] = seq + 1  # the slot may be written again
-        for item in items:
-            rows = item[3]
-            for name in _FIELDS:
-                at, shape, dtype = getattr(rows, name)
-                dtype = np.dtype(dtype)
-                setattr(rows, name, private[at : at + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape))
-        return items
+        columns = []
+        for at, shape, dtype, lengths in layout:
+            dtype = np.dtype(dtype)
+            block = private[at : at + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
+            ends = list(itertools.accumulate(lengths))
+            columns.append([block[e - n : e] for e, n in zip(ends, lengths)])
+        return [item[:3] + (RowBatch(*arrays),) + item[4:] for item, arrays in zip(items, zip(*columns))]
 
 
 def per_message(batch_size: int, seq_len: int, itemsize: int, message_bytes: int = 1 << 20) -> int:
@@ -251,6 +263,9 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
         prefetch_factor=prefetch_factor, multiprocessing_context=context,
     )
     iterator = _start_workers(loader)
+    # the iterator's own ``__next__`` wraps each message in a profiler range (a record_function
+    # op, which lets go of the GIL and waits to get it back from the queues' feeder threads)
+    take = getattr(iterator, "_next_data", iterator.__next__)
     rings = _Rings()
     # messages arrive in torch's round-robin over workers, each holding several batches of
     # one logical worker; batch i of the pass comes from logical worker i % W
@@ -260,7 +275,7 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
         while left is None or left > 0:
             waiting = pending[expected]
             while not waiting:
-                for item in rings.receive(next(iterator)):
+                for item in rings.receive(take()):
                     pending[item[1]].append(item)
             kind, logical, step, rows, state, stats, skipped = waiting.popleft()
             if kind == "end":

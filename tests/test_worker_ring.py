@@ -71,6 +71,29 @@ def test_a_slot_never_acknowledged_makes_the_message_travel_whole(monkeypatch):
     assert [ring.ship(_message(s, 1))[0] for s in (1, 2, 3)] == ["ring", "ring", "whole"]
 
 
+def test_each_batch_of_a_message_gets_back_its_own_pieces():
+    """The fields of a message's batches lie end to end in the slot; each batch is cut back
+    out by its own lengths (here 0 to 6 pieces, and rows of two widths in two messages)."""
+    ring, rings = _Ring(0, slots=2, slot_bytes=1 << 16), _Rings()
+    rings.receive(ring.ship(_message(0, 1)))
+    for width in (9, 17):
+        sent = [("batch", 1, i, _rows(i, pieces=i, width=width), {"step": i}, None, None) for i in range(7)]
+        expected = [_copy(item[3]) for item in sent]
+        shipped = ring.ship(sent)
+        assert shipped[0] == "ring"
+        for g, e in zip(rings.receive(shipped), expected):
+            _same(g[3], e)
+
+
+def test_batches_that_cannot_lie_end_to_end_travel_whole():
+    ring, rings = _Ring(0, slots=2, slot_bytes=1 << 16), _Rings()
+    rings.receive(ring.ship(_message(0, 1)))
+    sent = [("batch", 1, 0, _rows(0, width=9), {}, None, None), ("batch", 1, 1, _rows(1, width=17), {}, None, None)]
+    shipped = ring.ship(sent)
+    assert shipped[0] == "whole"
+    _same(rings.receive(shipped)[1][3], sent[1][3])
+
+
 def _copy(rows: RowBatch) -> RowBatch:
     return RowBatch(**{name: getattr(rows, name).copy() for name in RowBatch.__dataclass_fields__})
 
