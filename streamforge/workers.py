@@ -189,20 +189,22 @@ class _Ring:
         and each batch's length in it. ``("whole", items)`` when the message does not fit, or
         its batches do not share each field's dtype and row shape."""
         fields = [[getattr(item[3], name) for item in message] for name in _FIELDS]
-        need = sum(_ALIGN + a.nbytes for arrays in fields for a in arrays)
+        sizes = [sum(a.nbytes for a in arrays) for arrays in fields]
         self.messages += 1
-        if self.messages == 1 or need > self.slot_bytes or not _uniform(fields) or not self._free_slot():
+        if self.messages == 1 or sum(sizes) + _ALIGN * len(sizes) > self.slot_bytes or not self._free_slot():
             return ("whole", message)
         base = self.HEADER + (self.sent % self.slots) * self.slot_bytes
         at, layout = 0, []
-        for arrays in fields:
+        for arrays, nbytes in zip(fields, sizes):
             at = -(-at // _ALIGN) * _ALIGN
             first = arrays[0]
             lengths = [len(a) for a in arrays]
             shape = (sum(lengths),) + first.shape[1:]
-            nbytes = sum(a.nbytes for a in arrays)
-            out = self.memory[base + at : base + at + nbytes].view(first.dtype).reshape(shape)
-            np.concatenate(arrays, out=out)
+            try:  # batches of other dtypes or row widths cannot lie end to end
+                out = self.memory[base + at : base + at + nbytes].view(first.dtype).reshape(shape)
+                np.concatenate(arrays, out=out, casting="no")
+            except (ValueError, TypeError):
+                return ("whole", message)
             layout.append((at, shape, first.dtype.str, lengths))
             at += nbytes
         shared = None if self.announced else self.shared
@@ -210,11 +212,6 @@ class _Ring:
         self.sent += 1
         items = [item[:3] + (None,) + item[4:] for item in message]
         return ("ring", self.worker, self.sent - 1, shared, at, items, layout)
-
-
-def _uniform(fields: list[list[np.ndarray]]) -> bool:
-    """Whether each field's arrays share a dtype and a row shape (they can go end to end)."""
-    return all(a.dtype == arrays[0].dtype and a.shape[1:] == arrays[0].shape[1:] for arrays in fields for a in arrays)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RowBatch))

@@ -85,13 +85,18 @@ def test_each_batch_of_a_message_gets_back_its_own_pieces():
             _same(g[3], e)
 
 
-def test_batches_that_cannot_lie_end_to_end_travel_whole():
+@pytest.mark.parametrize("differ", ["width", "dtype"])
+def test_batches_that_cannot_lie_end_to_end_travel_whole(differ):
     ring, rings = _Ring(0, slots=2, slot_bytes=1 << 16), _Rings()
     rings.receive(ring.ship(_message(0, 1)))
-    sent = [("batch", 1, 0, _rows(0, width=9), {}, None, None), ("batch", 1, 1, _rows(1, width=17), {}, None, None)]
+    other = _rows(1, width=17 if differ == "width" else 9)
+    if differ == "dtype":
+        other.tokens = other.tokens.astype(np.uint32)
+    sent = [("batch", 1, 0, _rows(0, width=9), {}, None, None), ("batch", 1, 1, other, {}, None, None)]
     shipped = ring.ship(sent)
     assert shipped[0] == "whole"
-    _same(rings.receive(shipped)[1][3], sent[1][3])
+    _same(rings.receive(shipped)[1][3], other)
+    assert ring.ship(_message(2, 2))[0] == "ring"  # the slot it did not take is still free
 
 
 def _copy(rows: RowBatch) -> RowBatch:
