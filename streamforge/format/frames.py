@@ -88,26 +88,6 @@ class ShardIndex:
         copies it first: 80 us a call on a shard of a few frames)."""
         return np.ascontiguousarray(self.frames["first_record"], dtype=np.int64)
 
-    @cached_property
-    def packed_starts(self) -> np.ndarray:
-        """Each record's token offset in its frame's packed tokens (``reader.pack_frame``):
-        the records of a frame laid end to end, without tar headers, padding or metadata."""
-        ends = np.cumsum(self.records["num_tokens"], dtype=np.int64)
-        starts = ends - self.records["num_tokens"]
-        counts = np.diff(np.append(self.first_records, len(self.records)))
-        return starts - np.repeat(starts[self.first_records[counts > 0]], counts[counts > 0])
-
-    def payload_spans(self, itemsize: int) -> tuple[list[int], list[int]]:
-        """Each record's token bytes ``[start, stop)`` in its decoded frame, as lists (a frame
-        is packed record by record, and a list slices faster than numpy for that)."""
-        spans = self.__dict__.setdefault("_payload_spans", {})
-        got = spans.get(itemsize)
-        if got is None:
-            starts = self.records["token_offset"].astype(np.int64)
-            stops = starts + self.records["num_tokens"].astype(np.int64) * itemsize
-            got = spans[itemsize] = (starts.tolist(), stops.tolist())
-        return got
-
     def frame_of_record(self, record: int | np.ndarray) -> np.ndarray | int:
         """The frame holding ``record`` (vectorized)."""
         found = np.searchsorted(self.first_records, record, side="right") - 1

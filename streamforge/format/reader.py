@@ -24,8 +24,8 @@ class DocBatch:
     """Documents as one flat token array: document i is ``tokens[offsets[i]:offsets[i+1]]``.
 
     A batch read from shards may instead hold ``views``: one byte view per document into the
-    packed frames (their tokens alone, ``pack_frame``), so a consumer that reorders documents
-    (the shuffle) copies each token once; ``tokens`` is then built on first use.
+    decoded frames, so a consumer that reorders documents (the shuffle) copies each token
+    once; ``tokens`` is then built on first use.
     """
 
     __slots__ = ("_tokens", "views", "dtype", "offsets", "shard", "record")
@@ -99,35 +99,20 @@ def check_index(index: ShardIndex, manifest: Manifest, shard: int, where: str) -
         raise ShardCorruptError(f"{where}: index frames are not contiguous")
 
 
-def pack_frame(index: ShardIndex, f: int, raw, itemsize: int, where: str) -> bytes:
-    """The tokens of frame ``f``'s records end to end, from its decoded bytes ``raw``: what a
-    reader keeps of a frame (``gather``). A tar frame also holds each member's header and
-    padding, and any metadata: on short documents half again the tokens' bytes, held for as
-    long as one of its documents waits in a shuffle window. Raises ``ShardCorruptError``
-    (naming ``where``) when a record lies outside the frame."""
-    lo, hi = int(index.first_records[f]), index.record_stop(f)
-    starts, stops = index.payload_spans(itemsize)
-    starts, stops = starts[lo:hi], stops[lo:hi]
-    if stops and max(stops) > len(raw):
-        r = lo + next(i for i, b in enumerate(stops) if b > len(raw))
-        raise ShardCorruptError(f"{where}: record {r} lies outside its frame ({len(raw)} bytes)")
-    view = memoryview(raw)
-    return b"".join([view[a:b] for a, b in zip(starts, stops)])
-
-
 def gather(
     index: ShardIndex, frames: list[bytes], first_frame: int, shard: int, start: int, stop: int,
     dtype: np.dtype,
 ) -> DocBatch:
-    """Records ``start..stop-1`` of ``shard`` as views into its packed frames ``first_frame..``
-    (``pack_frame``): one numpy view per record, no token copied."""
-    lengths = index.records["num_tokens"][start:stop].astype(np.int64)
+    """Records ``start..stop-1`` of ``shard`` as views into its decoded frames ``first_frame..``:
+    one numpy view per record, no token copied."""
+    records = index.records[start:stop]
+    lengths = records["num_tokens"].astype(np.int64)
     itemsize = dtype.itemsize
     frame_of = index.frame_of_record(np.arange(start, stop)) - first_frame
     frame_views = [np.frombuffer(f, np.uint8) for f in frames]
-    byte_offsets = index.packed_starts[start:stop] * itemsize
-    byte_stops = (byte_offsets + lengths * itemsize).tolist()
-    views = [frame_views[fr][a:b] for fr, a, b in zip(frame_of.tolist(), byte_offsets.tolist(), byte_stops)]
+    byte_offsets = records["token_offset"].tolist()
+    byte_stops = (records["token_offset"] + lengths * itemsize).tolist()
+    views = [frame_views[fr][a:b] for fr, a, b in zip(frame_of.tolist(), byte_offsets, byte_stops)]
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return DocBatch(

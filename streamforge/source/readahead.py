@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import zstandard
 
-from ..errors import ShardCorruptError
 from ..format.frames import ShardIndex, decode_frame
-from ..format.reader import pack_frame
 from ..storage.fetch import cut_frames
 from ..storage.pool import DaemonPool
 from ..storage.prefetch import FIRST_UNIT_BYTES, FetchUnit, Prefetcher, group_frames, ramp
@@ -250,10 +248,10 @@ class ReadAhead:
             last = (shard, end - 1)
 
     def _fetch_unit(self, unit: FetchUnit) -> list:
-        """Fetch a planned unit, decompress its frames and pack their tokens (``pack_frame``)
-        on the fetch thread: zstd releases the GIL, so decoding overlaps the reader's work even
-        without worker processes. A frame that fails to decode or pack here is handed over
-        compressed and fails again, with the reader's error policy, in ``ShardSource._decode``."""
+        """Fetch a planned unit and decompress its frames on the fetch thread: zstd releases
+        the GIL, so decoding overlaps the reader's work even without worker processes. A frame
+        that fails to decode here is handed over compressed and fails again, with the reader's
+        error policy, in ``ShardSource._decode``."""
         source = self.source
         index = source.index(unit.shard)
         got = self._take_head(unit, index) if self._head is not None else None
@@ -264,17 +262,16 @@ class ReadAhead:
         if decompressor is None:
             decompressor = local.decompressor = zstandard.ZstdDecompressor()
         out = []
-        codec, itemsize = source.manifest.compression, source.dtype.itemsize
+        codec = source.manifest.compression
         # the compressed bytes are kept only where the reader still needs them (a running
         # sha256, a frame that failed here): each is a view of the whole request's buffer
         keep = source.config.verify == "sha256"
         for f, (buf, from_cache) in zip(range(unit.first, unit.stop), got):
             try:
                 raw = decode_frame(codec, buf, int(index.frames["raw_size"][f]), decompressor)
-                packed = pack_frame(index, f, raw, itemsize, "")
-            except (zstandard.ZstdError, ValueError, ShardCorruptError):
-                packed = None
-            out.append((buf if keep or packed is None else None, from_cache, packed))
+            except (zstandard.ZstdError, ValueError):
+                raw = None
+            out.append((buf if keep or raw is None else None, from_cache, raw))
         return out
 
     def _plan_pos(self, shard: int, start: int) -> int | None:
@@ -292,6 +289,6 @@ class ReadAhead:
 
 
 def _held_bytes(item) -> int:
-    """Bytes a fetched frame keeps: its packed tokens, and its compressed bytes where kept."""
+    """Bytes a fetched frame keeps: its decoded bytes, and its compressed ones where kept."""
     buf, _, raw = item
     return (len(raw) if raw is not None else 0) + (len(buf) if buf is not None else 0)

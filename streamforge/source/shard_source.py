@@ -20,7 +20,7 @@ import zstandard
 from ..errors import ShardCorruptError, StorageError
 from ..format.frames import ShardIndex, decode_frame, decode_index
 from ..format.manifest import Manifest
-from ..format.reader import DocBatch, check_index, gather, pack_frame
+from ..format.reader import DocBatch, check_index, gather
 from ..storage.cache import FrameCache
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher, fetch_frames
@@ -57,7 +57,7 @@ class ShardSource:
         self._lock = threading.Lock()
         self._decompressor = None
         self._readahead = ReadAhead(self)
-        self._last: tuple[int, int, bytes] | None = None  # last read (shard, frame, packed tokens)
+        self._last: tuple[int, int, bytes] | None = None  # last decoded (shard, frame, raw)
         self._hashes: dict[int, tuple[int, Any]] = {}  # shard -> (next offset, sha256 state)
         self._bad_shards: dict[int, str] = {}
         self.skipped: list[dict[str, Any]] = []
@@ -217,7 +217,9 @@ class ShardSource:
         buf, from_cache = got[0], got[1]
         raw_size = int(index.frames["raw_size"][f])
         try:
-            raw = decode_frame(self.manifest.compression, buf, raw_size, self._decompressor)
+            raw = got[2] if len(got) > 2 and got[2] is not None else None
+            if raw is None:
+                raw = decode_frame(self.manifest.compression, buf, raw_size, self._decompressor)
         except (zstandard.ZstdError, ValueError) as exc:
             if from_cache:  # a damaged cache entry: drop it and read the frame from the stream
                 self.cache.drop(self.manifest.shard_names[shard], f)
@@ -230,16 +232,6 @@ class ShardSource:
         self.counters["bytes_needed"] += int(index.frames["comp_size"][f])
         self.counters["frames_decoded"] += 1
         return raw
-
-    def _packed(self, shard: int, f: int, got, index: ShardIndex) -> bytes:
-        """Frame ``f``'s packed tokens (``pack_frame``): packed by the read-ahead already, or
-        decoded and packed here."""
-        if len(got) > 2 and got[2] is not None:
-            self.counters["bytes_needed"] += int(index.frames["comp_size"][f])
-            self.counters["frames_decoded"] += 1
-            return got[2]
-        raw = self._decode(shard, f, got, index)
-        return pack_frame(index, f, raw, self.dtype.itemsize, self.where(shard, f))
 
     def _hash(self, shard: int, f: int, buf, index: ShardIndex) -> str | None:
         """Feed frame ``f`` to the shard's running sha256; a mismatch message once it is whole."""
@@ -335,7 +327,7 @@ class ShardSource:
                 raws.append(self._last[2])
                 continue
             try:
-                raws.append(self._packed(shard, f, item, index))
+                raws.append(self._decode(shard, f, item, index))
             except ShardCorruptError as exc:
                 if not skip:
                     raise
@@ -356,7 +348,7 @@ class ShardSource:
     def _assemble(
         self, shard: int, index: ShardIndex, raws: list, first: int, start: int, stop: int
     ) -> DocBatch:
-        """The batch of records ``start..stop-1`` from their packed frames, leaving out the
+        """The batch of records ``start..stop-1`` from their decoded frames, leaving out the
         records of frames that were skipped (None)."""
         if all(r is not None for r in raws):
             return gather(index, raws, first, shard, start, stop, self.dtype)

@@ -29,10 +29,9 @@ order are reshuffled every pass on top of this (see plan.py).
 
 Zero-length records, and records the source skipped as damaged (``on_error="skip"``), are
 passed over here; with ``eos_id`` set, EOS follows each document. A loaded window copies no
-token: its documents stay views of the frames they were read from, each frame kept as its
-records' tokens alone (``format.reader.pack_frame``), and the consumer copies each run once,
-into its batch (``DocRun.copy_into``). A window therefore costs its tokens and the rest of the
-frames at its ends (8192 documents of ~1,000 uint16 tokens: about 16 MiB).
+token: its documents stay views of the frames they were decoded into, and the consumer copies
+each run once, into its batch (``DocRun.copy_into``). A window therefore costs its decoded
+frames and nothing more (8192 documents of ~1,000 uint16 tokens: about 16 MiB).
 
 After an elastic resume a worker may also be handed the rests of other workers' windows
 (``windows_for``: ``{"ranges", "key", "pos", "offset"}``), emitted as windows -k..-1 before
@@ -61,7 +60,7 @@ _KEYS = ("reader", "window", "loaded", "pos", "token_offset")
 @dataclass
 class DocRun:
     """Consecutive pieces of documents of one stream: ``size`` tokens held as ``parts``
-    (views of the packed frames, and the EOS after each document), in order."""
+    (views of the decoded frames, and the EOS after each document), in order."""
 
     parts: list
     size: int
@@ -273,7 +272,7 @@ class ShuffleBuffer:
 
     def _layout(self, order, lens, shard, record, pieces, dtype, skip: int) -> None:
         """Index the documents in emission order without copying a token: each stays a view of
-        the frame it was read from, and the window is ``offsets`` into their virtual
+        the frame it was decoded into, and the window is ``offsets`` into their virtual
         concatenation, an EOS after each. A run is copied once, by its consumer, straight
         from the frames (``DocRun.copy_into``); laying the window out in one buffer first
         cost a second copy of every token and a window's worth of memory at each fill."""

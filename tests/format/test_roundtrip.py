@@ -10,11 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from format_helpers import same_docs, write_stream
-from streamforge.errors import ShardCorruptError
-from streamforge.format.reader import pack_frame
 from streamforge.format.writer import encode_meta
 from streamforge.source import ShardSource, read_records
-from streamforge.storage.config import StorageConfig
 
 # Each example writes a real stream to disk: ~10 ms; 100 examples keep the file under 5 s.
 SETTINGS = settings(
@@ -146,42 +143,3 @@ def test_a_read_around_the_last_decoded_frame_is_one_request():
         before = source.fetcher.stats.requests
         assert len(source.read(0, 0, 3)) == 3
         assert source.fetcher.stats.requests - before == 1
-
-
-@SETTINGS
-@given(corpora())
-def test_a_read_keeps_each_frame_as_its_tokens_alone(corpus):
-    """A frame is kept packed (``pack_frame``): its records' tokens end to end, without the
-    tar headers, padding and metadata it was decoded with; each record a view of it."""
-    docs, metas, params = corpus
-    with tempfile.TemporaryDirectory() as tmp:
-        url, manifest = _write(tmp, docs, metas, params)
-        for prefetch in (0, 1 << 20):  # decoded by the reader, and by the read-ahead
-            source = ShardSource.open(url, config=StorageConfig(prefetch_bytes=prefetch))
-            for shard, info in enumerate(manifest.shards):
-                index = source.index(shard)
-                source.plan_reads([(shard, 0, info.num_records)])
-                batch = source.read(shard, 0, info.num_records)
-                held = {id(v.base): v.base for v in batch.views}
-                itemsize = np.dtype(params["token_dtype"]).itemsize
-                assert sum(len(b) for b in held.values()) == info.num_tokens * itemsize
-                for f in range(index.num_frames):
-                    lo, hi = int(index.first_records[f]), index.record_stop(f)
-                    raw = source.read_frames(shard, f, f + 1)[0]
-                    packed = pack_frame(index, f, raw, itemsize, "here")
-                    first = info.first_record
-                    expected = b"".join(d.astype(params["token_dtype"]).tobytes() for d in docs[first + lo : first + hi])
-                    assert packed == expected
-                    assert index.packed_starts[lo:hi].tolist() == np.cumsum([0] + [d.size for d in docs[first + lo : first + hi]])[:-1].tolist()
-            source.close()
-
-
-def test_a_record_outside_its_frame_is_named(small_stream):
-    url, _, _, manifest = small_stream
-    source = ShardSource.open(url)
-    index = source.index(0)
-    raw = source.read_frames(0, 0, 1)[0]
-    last = index.record_stop(0) - 1
-    cut = int(index.records["token_offset"][last]) + 1
-    with pytest.raises(ShardCorruptError, match=f"shard 0 frame 0: record {last} lies outside its frame"):
-        pack_frame(index, 0, raw[:cut], 2, "shard 0 frame 0")
