@@ -82,7 +82,9 @@ class DocBatch:
 
 def check_index(index: ShardIndex, manifest: Manifest, shard: int, where: str) -> None:
     """Raise ``ShardCorruptError`` where a decoded shard index disagrees with the manifest
-    (counts, where the frames end) or its frames are not laid end to end."""
+    (counts, where the frames end), its frames are not laid end to end, or a record's tokens
+    or metadata lie outside the frame that holds it (a read would otherwise cut the record
+    short without a word)."""
     col = manifest.columns
     frames = index.frames
     ends = frames["comp_offset"].astype(np.int64) + frames["comp_size"]
@@ -97,6 +99,21 @@ def check_index(index: ShardIndex, manifest: Manifest, shard: int, where: str) -
             raise ShardCorruptError(f"{where}: index lists {found} {what}, manifest {expected}")
     if len(frames) and (frames["comp_offset"][0] != 0 or np.any(frames["comp_offset"][1:] != ends[:-1])):
         raise ShardCorruptError(f"{where}: index frames are not contiguous")
+    records = index.records
+    if len(records) and len(frames):
+        if np.any(np.diff(index.first_records) < 0) or index.first_records[0] != 0:
+            raise ShardCorruptError(f"{where}: index frames do not start at record 0 in order")
+        room = frames["raw_size"].astype(np.int64)[index.frame_of_record(np.arange(len(records)))]
+        itemsize = np.dtype(manifest.token_dtype).itemsize
+        token_end = records["token_offset"].astype(np.int64) + records["num_tokens"].astype(np.int64) * itemsize
+        meta_end = records["meta_offset"].astype(np.int64) + records["meta_size"]
+        outside = (token_end > room) | ((records["meta_size"] > 0) & (meta_end > room))
+        if outside.any():
+            r = int(np.argmax(outside))
+            raise ShardCorruptError(
+                f"{where}: index puts record {r} outside its frame {index.frame_of_record(r)} "
+                f"({int(room[r])} bytes)"
+            )
 
 
 def gather(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 import pytest
 
 from format_helpers import shard_path, write_stream
 from streamforge.errors import ShardCorruptError
+from streamforge.format.frames import FRAME_DTYPE, RECORD_DTYPE
 from streamforge.source import ShardSource, read_records
 
 
@@ -99,3 +101,20 @@ def test_sources_of_one_stream_share_the_indexes_they_read(small_stream, verify)
     other = ShardSource.open(url, config=config)  # another manifest object: nothing shared
     other.adopt_indexes(first)
     assert other.counters["index_requests"] == 0 and 1 not in other._indexes
+
+
+@pytest.mark.parametrize("field", ["num_tokens", "meta_size"])
+def test_an_index_that_puts_a_record_outside_its_frame_is_refused(small_stream, field):
+    """A record the index places past its frame's end would be read cut short: the index is
+    refused when it is read, naming the shard and the record."""
+    url, _, metas, manifest = small_stream
+    info = manifest.shards[0]
+    record = next(r for r in range(info.num_records) if metas[r] is not None)  # has a meta member
+    at = info.index_offset + 8 + 24 + info.num_frames * FRAME_DTYPE.itemsize + record * RECORD_DTYPE.itemsize
+    at += RECORD_DTYPE.fields[field][1]
+    with open(shard_path(url, manifest, 0), "r+b") as f:
+        f.seek(at)
+        f.write(struct.pack("<I", 1 << 20))
+    source = ShardSource.open(url)
+    with pytest.raises(ShardCorruptError, match=rf"{manifest.shard_names[0]}: index puts record {record} outside its frame"):
+        source.index(0)
