@@ -17,8 +17,8 @@ acknowledges the slot. The pipe then carries about 1 KB per batch instead of the
 tokens, and a message costs no shared-memory hand-over of its own (about 4 ms each, as a
 shared tensor per message was measured to cost). A message is written field by field (each
 field of all its batches end to end), so shipping and receiving it costs a copy per field,
-not per array. A worker's first message, and one that
-cannot get a slot in time, travel whole, pickled.
+not per array. A worker's first message, and one that cannot get a slot in time, travel
+whole, pickled.
 
 Threads instead of processes were measured and lose on this kind of machine: two pipelines
 on threads of one process ran at 27M tokens/s against 36-48M for two processes and about
