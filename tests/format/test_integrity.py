@@ -10,7 +10,7 @@ import pytest
 
 from format_helpers import shard_path, write_stream
 from streamforge.errors import ShardCorruptError
-from streamforge.format.frames import FRAME_DTYPE, RECORD_DTYPE
+from streamforge.format.frames import RECORD_DTYPE, frame_table_bytes
 from streamforge.source import ShardSource, read_records
 
 
@@ -110,7 +110,7 @@ def test_an_index_that_puts_a_record_outside_its_frame_is_refused(small_stream, 
     url, _, metas, manifest = small_stream
     info = manifest.shards[0]
     record = next(r for r in range(info.num_records) if metas[r] is not None)  # has a meta member
-    at = info.index_offset + 8 + 24 + info.num_frames * FRAME_DTYPE.itemsize + record * RECORD_DTYPE.itemsize
+    at = info.index_offset + frame_table_bytes(info.num_frames) + record * RECORD_DTYPE.itemsize
     at += RECORD_DTYPE.fields[field][1]
     with open(shard_path(url, manifest, 0), "r+b") as f:
         f.seek(at)
