@@ -19,16 +19,19 @@ deficit accumulated under the old weights.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ResumeMismatchError
 from ..schedule import MixtureSchedule
 from .base import check_state
-from .shuffle import ShuffleBuffer
+from .shuffle import DocRun, ShuffleBuffer
 
 _KEYS = ("emitted", "current", "phase", "sources")
+_LOOKAHEAD = 64  # documents after its current one a stream shows a schedule (a longer run is just split)
+_NONE = np.zeros(0, np.int64)
+_ZERO = np.zeros(1, np.int64)
 
 
 class Interleaver:
@@ -111,17 +114,149 @@ class Interleaver:
         stream = self.next_stream()
         if stream < 0:
             return None
+        return stream, self._take(stream, n, 1 + self._extra_docs(stream, self.sources[stream]))
+
+    def take_runs(self, n: int) -> Iterator[tuple[int, DocRun]]:
+        """Up to ``n`` tokens as ``(stream, run)`` pairs (fewer only when every stream is
+        exhausted): the documents, pieces and counters of ``take_run`` called again and again,
+        one run at a time, so that a consumer copying each run before asking for the next
+        lets go of a finished window's frames before the next window is read.
+
+        With two or more streams the schedule hands over to another stream every document or
+        two, and a pick, a look-ahead and a run per document cost more than the tokens. Here
+        a stretch of the schedule is computed at once (``_schedule``) and taken as one run
+        per stream, handed out as one run whose pieces carry their streams (``stream`` -1,
+        ``DocRun.streams``); ``take_run`` is left for the picks the schedule cannot see (a
+        window to load) and for a single stream.
+        """
+        filled = 0
+        while filled < n:
+            plan = self._schedule(n - filled)
+            if plan is None:
+                got = self.take_run(n - filled)
+                if got is None:
+                    return
+                filled += got[1].size
+                yield got
+                continue
+            stream, run = self._take_plan(*plan)
+            filled += run.size
+            yield stream, run
+
+    def _take(self, stream: int, n: int, max_docs: int) -> DocRun:
+        """A run of up to ``n`` tokens from at most ``max_docs`` documents of ``stream``, the
+        current one first (already counted), the others counted here."""
         source = self.sources[stream]
-        max_docs = 1 + self._extra_docs(stream, source)
         run = source.take_run(n, max_docs)
         if len(run.length) > 1:
-            # the first document was counted when picked; count the others now
             full = run.length[1:].copy()
             if not run.done:
                 full[-1] = source.doc_length()
             self.emitted[stream] += int(full.sum())
         self.current = -1 if run.done else stream
-        return stream, run
+        return run
+
+    def _schedule(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The documents ``take_run`` would hand out next, for up to ``budget`` tokens, as
+        ``(stream, tokens left, tokens taken)`` arrays in their order, the document in
+        progress first; None where the next pick must be made by ``take_run`` itself.
+
+        A stream's k-th next document is picked at the share ratio (emitted tokens plus the
+        full lengths of its k documents before it) / weight, and picks go in increasing
+        ratio, ties to the lower stream (``_pick``): the schedule is one sort of every
+        active stream's next ratios. A stream contributes the documents its loaded window
+        holds (``known_lengths``) and, last, the ratio of the first document it does not
+        hold, whose length is unknown: the schedule stops before that pick, and at the
+        document that fills the budget. Ratios are float64 divisions of exact integer
+        counts by the weight, as ``_pick`` computes them.
+        """
+        cur = self.current
+        active = [i for i, a in enumerate(self.active) if a]
+        if len(active) < 2 or (cur >= 0 and self.weights[cur] <= 0):
+            return None
+        rest = 0
+        blocks = []
+        for i in active:
+            known = self.sources[i].known_lengths(_LOOKAHEAD + 1)
+            if i == cur:
+                if known is None:
+                    return None
+                rest = int(known[0]) - self.sources[i].token_offset
+                known = known[1:]
+            blocks.append(_NONE if known is None else known)
+        sizes = [len(b) + 1 for b in blocks]
+        # per stream: 0, then its known lengths; the last entry of each stream stands for
+        # its first unknown document
+        vals = np.concatenate([x for b in blocks for x in (_ZERO, b)])
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        total = np.cumsum(vals)
+        stream_of = np.repeat(np.asarray(active, np.int64), sizes)
+        prefix = total - np.repeat(total[starts], sizes)  # the stream's tokens picked before
+        emitted = np.asarray([self.emitted[i] for i in active], np.int64)
+        weights = np.asarray([self.weights[i] for i in active], np.float64)
+        ratio = (np.repeat(emitted, sizes) + prefix) / np.repeat(weights, sizes)
+        unknown = np.zeros(len(vals), bool)
+        unknown[ends - 1] = True
+        # a document after its own stream's budget's worth is never reached
+        candidates = np.flatnonzero(unknown | (prefix < budget))
+        # a stable sort: equal ratios stay in stream order, the lower stream first
+        order = candidates[np.argsort(ratio[candidates], kind="stable")]
+        picks = order[: int(np.argmax(unknown[order]))]  # up to the first unknown document
+        left = vals[picks + 1]
+        streams = stream_of[picks]
+        if cur >= 0:
+            streams = np.concatenate(([cur], streams))
+            left = np.concatenate(([rest], left))
+        if len(streams) == 0:
+            return None
+        filled = np.cumsum(left)
+        last = min(int(np.searchsorted(filled, budget)), len(left) - 1)  # fills the budget
+        taken = left[: last + 1].copy()
+        taken[last] -= max(0, int(filled[last]) - budget)
+        return streams[: last + 1], left[: last + 1], taken
+
+    def _take_plan(self, streams: np.ndarray, left: np.ndarray, taken: np.ndarray) -> tuple[int, DocRun]:
+        """The documents of a schedule (``_schedule``): one ``take_run`` per stream, their
+        pieces laid out in the schedule's order as one run (``stream`` -1), and each new
+        document counted to its stream at its full length, as ``_pick`` counts it."""
+        ids = streams.tolist()
+        counted = left.copy()
+        if self.current >= 0:
+            counted[0] = 0  # the document in progress was counted when it was picked
+        cut = bool(taken[-1] < left[-1])
+        if len(set(ids)) == 1:  # one stream: a plain run
+            stream = ids[0]
+            if self.current < 0:
+                self.current = stream
+                self.emitted[stream] += int(counted[0])
+            return stream, self._take(stream, int(taken.sum()), len(ids))
+        # the schedule's documents sorted by stream: the streams' runs end to end
+        by_stream = np.argsort(streams, kind="stable")
+        grouped = streams[by_stream]
+        first = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
+        docs = np.diff(np.append(first, len(grouped))).tolist()
+        tokens_of = np.add.reduceat(taken[by_stream], first).tolist()
+        counted_of = np.add.reduceat(counted[by_stream], first).tolist()
+        runs = {}
+        for stream, n, k, c in zip(grouped[first].tolist(), tokens_of, docs, counted_of):
+            runs[stream] = self.sources[stream].take_run(n, k)
+            self.emitted[stream] += c
+        self.current = ids[-1] if cut else -1
+        fields = {}
+        for name in ("shard", "record", "token_start", "length"):
+            laid = np.concatenate([getattr(r, name) for r in runs.values()])
+            fields[name] = np.empty_like(laid)
+            fields[name][by_stream] = laid
+        # each document's tokens: a slice of its stream's tokens, in the schedule's order
+        tokens = {s: r.tokens for s, r in runs.items()}
+        at = dict.fromkeys(runs, 0)
+        parts = []
+        for stream, size in zip(ids, taken.tolist()):
+            parts.append(tokens[stream][at[stream] : at[stream] + size])
+            at[stream] += size
+        return -1, DocRun(parts=parts, size=int(taken.sum()), done=not cut, streams=streams.astype(np.int16),
+                          **fields)
 
     def _extra_docs(self, stream: int, source) -> int:
         """How many documents after the current one the schedule would also give ``stream``."""

@@ -62,6 +62,11 @@ _PIECE_FIELDS = {
 }
 
 
+def _run_streams(stream: int, run) -> np.ndarray:
+    """The stream of each piece of a run (a run of stream -1 mixes streams and says which)."""
+    return run.streams if stream < 0 else np.full(len(run.length), stream, np.int16)
+
+
 def _join_runs(runs) -> dict[str, np.ndarray]:
     """Piece arrays of runs laid end to end from position 0 of the flattened batch."""
     if len(runs) == 1:
@@ -71,16 +76,20 @@ def _join_runs(runs) -> dict[str, np.ndarray]:
         continues[-1] = not run.done
         return {
             "start": np.cumsum(length) - length, "length": length,
-            "stream": np.full(len(length), stream_idx, np.int16), "shard": run.shard.astype(np.int32),
+            "stream": _run_streams(stream_idx, run), "shard": run.shard.astype(np.int32),
             "record": run.record, "token_start": run.token_start, "continues": continues,
         }
     length = np.concatenate([r.length for _, _, r in runs])
     counts = [len(r.length) for _, _, r in runs]
     continues = np.zeros(len(length), bool)
     continues[np.cumsum(counts) - 1] = [not r.done for _, _, r in runs]
+    if any(s < 0 for _, s, _ in runs):
+        stream = np.concatenate([_run_streams(s, r) for _, s, r in runs])
+    else:
+        stream = np.repeat(np.array([s for _, s, _ in runs], np.int16), counts)
     return {
         "start": np.cumsum(length) - length, "length": length,
-        "stream": np.repeat(np.array([s for _, s, _ in runs], np.int16), counts),
+        "stream": stream,
         "shard": np.concatenate([r.shard for _, _, r in runs]).astype(np.int32),
         "record": np.concatenate([r.record for _, _, r in runs]),
         "token_start": np.concatenate([r.token_start for _, _, r in runs]),
@@ -137,11 +146,7 @@ class Packer:
         flat = tokens[:, :T].reshape(-1) if num_rows == 1 else np.empty(need, self.dtype)
         runs = []
         filled = 0
-        while filled < need:
-            got = self.interleaver.take_run(need - filled)
-            if got is None:
-                break
-            stream, run = got
+        for stream, run in self.interleaver.take_runs(need):
             run.copy_into(flat[filled : filled + run.size])
             # its tokens are copied: let go of its frames, or a window that ends mid-batch
             # keeps a dozen of them alive while the next window is read

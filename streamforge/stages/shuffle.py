@@ -59,8 +59,9 @@ _KEYS = ("reader", "window", "loaded", "pos", "token_offset")
 
 @dataclass
 class DocRun:
-    """Consecutive pieces of documents of one stream: ``size`` tokens held as ``parts``
-    (views of the decoded frames, and the EOS after each document), in order."""
+    """Consecutive pieces of documents of one stream (or, with ``streams``, of several
+    streams interleaved): ``size`` tokens held as ``parts`` (views of the decoded frames,
+    and the EOS after each document), in order."""
 
     parts: list
     size: int
@@ -69,6 +70,7 @@ class DocRun:
     token_start: np.ndarray  # offset of each piece in its document
     length: np.ndarray
     done: bool  # the last piece ends its document
+    streams: np.ndarray | None = None  # each piece's stream, where a run mixes streams
 
     def copy_into(self, out: np.ndarray) -> None:
         """Write the run's tokens into ``out`` (``size`` long): one copy of each token."""
@@ -370,6 +372,14 @@ class ShuffleBuffer:
         else:
             self.token_offset += k
         return piece, meta[0], meta[1], meta[2], done
+
+    def known_lengths(self, max_docs: int) -> np.ndarray | None:
+        """Full lengths of the current document and of up to ``max_docs - 1`` after it, all in
+        the loaded window; None where no window is loaded or the window holds documents laid
+        out empty (skipped records), which the consumer then takes one run at a time."""
+        if not self.loaded or self._has_empty:
+            return None
+        return self._lengths[self.pos : min(self.pos + max_docs, len(self._record_list))]
 
     def upcoming_lengths(self, max_docs: int) -> np.ndarray:
         """Full lengths of the documents after the current one, within this window."""

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline_helpers import dataset, loader, random_docs, take, write_stream
+from streamforge import PackedTokenDataset, Stream
 
 
 def _doc_sequence(batches):
@@ -68,3 +69,66 @@ def test_runs_equal_one_document_at_a_time(tmp_path, rng):
     assert np.array_equal(flat(got), flat(want))
     streams = lambda parts: np.concatenate([np.full(len(x), s) for s, x in parts])  # noqa: E731
     assert np.array_equal(streams(got), streams(want))
+
+
+def _pieces(runs):
+    """Tokens, stream of each token, and one (stream, shard, record, token_start, length)
+    row per document piece, joining the pieces of a document that runs split."""
+    tokens, streams, rows = [], [], []
+    for stream, run in runs:
+        t = run.tokens.copy()
+        tokens.append(t)
+        # a run of stream -1 mixes streams and names each piece's
+        per_piece = run.streams if stream < 0 else np.full(len(run.length), stream)
+        streams.append(np.repeat(per_piece, run.length))
+        for stream, shard, record, start, length in zip(per_piece.tolist(), run.shard.tolist(), run.record.tolist(),
+                                                        run.token_start.tolist(), run.length.tolist()):
+            if rows and rows[-1][:3] == [stream, shard, record] and rows[-1][3] + rows[-1][4] == start:
+                rows[-1][4] += length
+            else:
+                rows.append([stream, shard, record, start, length])
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return cat(tokens), cat(streams), rows
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(num_streams=st.integers(2, 5), data=st.data(), seed=st.integers(0, 999))
+def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, seed):
+    """``take_runs`` (one merge of the streams' ratios for a stretch of runs) gives the
+    tokens, pieces and counters of ``take_run`` called again and again, through window ends,
+    phases that set weights to 0, streams running out and budgets cutting documents."""
+    rng = np.random.default_rng(seed)
+    tmp = tmp_path_factory.mktemp("sched")
+    corpus = {}
+    for i in range(num_streams):
+        median = data.draw(st.sampled_from([3, 20, 90, 400]))
+        url = str(tmp / f"s{i}")
+        corpus[f"s{i}"] = (url, write_stream(url, random_docs(rng, data.draw(st.integers(5, 60)), median, min_len=1)))
+    names = list(corpus)
+    weight = st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0, 3.0, 7.0])
+    phases = []
+    for start in sorted(set(data.draw(st.lists(st.integers(1, 40), max_size=3)))) if data.draw(st.booleans()) else []:
+        row = {n: data.draw(weight) for n in names}
+        if not any(row.values()):
+            row[names[0]] = 1.0
+        phases.append((start, row))
+    first = {n: data.draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])) for n in names}
+    ds = PackedTokenDataset([Stream(corpus[n][0], name=n) for n in names], weights=[(0, first)] + phases,
+                            seq_len=64, infinite=data.draw(st.booleans()), shuffle_warmup=4,
+                            shuffle_buffer=data.draw(st.sampled_from([4, 16, 64])), seed=seed)
+    scheduled = ds.make_pipeline(0, 1).interleaver
+    one_by_one = ds.make_pipeline(0, 1).interleaver
+    budgets = data.draw(st.lists(st.integers(1, 700), min_size=1, max_size=40))
+    for step, n in enumerate(budgets):
+        scheduled.set_step(step)
+        one_by_one.set_step(step)
+        got = list(scheduled.take_runs(n))
+        want = []
+        while (left := n - sum(r.size for _, r in want)) > 0 and (r := one_by_one.take_run(left)) is not None:
+            want.append(r)
+        g, w = _pieces(got), _pieces(want)
+        assert np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1]), f"budget {step}: tokens differ"
+        assert g[2] == w[2], f"budget {step}: pieces differ"
+        assert scheduled.state_dict() == one_by_one.state_dict(), f"budget {step}: state differs"
+        if not want:
+            break
