@@ -204,10 +204,12 @@ class PackedTokenDataset(IterableDataset):
 
     def open_source(self, stream: int) -> ShardSource:
         """A new reader of stream ``stream``'s shards (ranged reads, prefetch, cache), holding
-        the record indexes already read in this process (``keep_indexes``)."""
+        the record indexes already read in this process (``keep_indexes``), with the
+        stream's share of a pipeline's read-ahead (``read_shares``)."""
         s = self.streams[stream]
         fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge, self.storage.client)
-        source = ShardSource(self.manifests[stream], fetcher, config=self.storage)
+        source = ShardSource(self.manifests[stream], fetcher, config=self.storage,
+                             read_share=self.read_shares[stream])
         shared = self._index_sources.get(stream)
         if shared is not None:
             source.adopt_indexes(shared)
@@ -226,6 +228,14 @@ class PackedTokenDataset(IterableDataset):
         other.storage = storage
         other._index_sources = self._index_sources
         return other
+
+    @property
+    def read_shares(self) -> list[float]:
+        """Each stream's share of a pipeline's read-ahead: its largest weight in the
+        schedule, normalized over the streams (even shares where no stream has weight)."""
+        top = [max(phase[i] for phase in self.schedule.weights) for i in range(len(self.streams))]
+        total = sum(top)
+        return [t / total for t in top] if total > 0 else [1 / len(top)] * len(top)
 
     @property
     def eos_appended(self) -> list[bool]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline_helpers import assert_batches_equal, loader, make_corpus
-from streamforge import ConfigError, PackedTokenDataset, Stream, unpack_state
+from streamforge import ConfigError, PackedTokenDataset, Stream, StorageConfig, unpack_state
 
 NAMES = ["web", "code", "books"]
 
@@ -174,3 +174,27 @@ def test_skip_given_at_resume_time_removes_exactly_those_steps(corpus):
     assert [s for s, _ in tail] == [s for s, _ in want]
     assert_batches_equal([b for _, b in tail], [b for _, b in want])
     assert resumed.stats()["skipped_steps"] == 5 and resumed.stats()["skip_steps"] == [[14, 19]]
+
+
+def test_a_mixtures_streams_share_one_read_ahead_budget(corpus):
+    """The read-ahead budget and threads are a pipeline's: each stream gets its largest
+    weight's share (at least 1 MiB; threads rounded up), and a single stream gets all of it."""
+    storage = StorageConfig(prefetch_bytes=16 << 20, prefetch_threads=4)
+    weights = [(0, {"web": 0.1, "code": 0.3, "books": 0.6}), (5, {"web": 0.1, "code": 0.9, "books": 0.0})]
+    ds = _dataset(corpus, weights=weights, storage=storage)
+    assert ds.read_shares == pytest.approx([0.1 / 1.6, 0.9 / 1.6, 0.6 / 1.6])
+    pipeline = ds.make_pipeline(0, 1)
+    try:
+        for _ in range(3):
+            pipeline.next_batch(2)
+        budgets = [s._readahead.budget() for s in pipeline.sources]
+        assert budgets == [(1 << 20, 1), (9 << 20, 3), (6 << 20, 2)]
+        # the prefetchers run with those budgets
+        assert [s._readahead.prefetcher.budget for s in pipeline.sources] == [b for b, _ in budgets]
+    finally:
+        pipeline.close()
+    one = PackedTokenDataset(Stream(corpus["web"][0], name="web"), seq_len=64, storage=storage)
+    assert one.read_shares == [1.0] and one.open_source(0)._readahead.budget() == (16 << 20, 4)
+    # a budget below the floor is not raised to it; off stays off
+    assert StorageConfig(prefetch_bytes=1 << 19).stream_read_ahead(True, 0.01) == (1 << 19, 1)
+    assert StorageConfig(prefetch_bytes=0).stream_read_ahead(True, 0.5)[0] == 0

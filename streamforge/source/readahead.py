@@ -76,8 +76,8 @@ class ReadAhead:
 
     def budget(self) -> tuple[int, int]:
         """(bytes, threads) of read-ahead: the config's, or its defaults for where the stream
-        lives (``StorageConfig.read_ahead``)."""
-        return self.source.config.read_ahead(self.source.fetcher.local)
+        lives, for the stream's share of its pipeline (``StorageConfig.stream_read_ahead``)."""
+        return self.source.config.stream_read_ahead(self.source.fetcher.local, self.source.read_share)
 
     def extend(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Append ``ranges`` (read after every planned one) without dropping what is

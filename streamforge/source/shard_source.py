@@ -37,11 +37,13 @@ class ShardSource:
     """
 
     def __init__(
-        self, manifest: Manifest, fetcher: ByteFetcher, *, config: StorageConfig | None = None
+        self, manifest: Manifest, fetcher: ByteFetcher, *, config: StorageConfig | None = None,
+        read_share: float = 1.0,
     ) -> None:
         self.manifest = manifest
         self.fetcher = fetcher
         self.config = config or StorageConfig()
+        self.read_share = read_share  # of its pipeline's read-ahead (StorageConfig.stream_read_ahead)
         self.dtype = manifest.token_np_dtype()
         self.cache = (
             FrameCache(self.config.cache_dir, manifest.fingerprint, self.config.cache_limit)
@@ -64,7 +66,7 @@ class ShardSource:
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
     def __getstate__(self) -> dict:
-        keep = ("manifest", "fetcher", "config", "dtype", "cache")
+        keep = ("manifest", "fetcher", "config", "dtype", "cache", "read_share")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:

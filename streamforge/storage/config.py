@@ -6,6 +6,8 @@ the dataset is built, before training starts.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -74,16 +76,19 @@ class HedgePolicy:
 
 LOCAL_READ_AHEAD = (8 << 20, 1)  # (prefetch_bytes, prefetch_threads) for local files
 REMOTE_READ_AHEAD = (64 << 20, 4)  # and for object stores
+STREAM_READ_AHEAD_FLOOR = 1 << 20  # the least read-ahead a stream of several gets (bytes)
 
 
 @dataclass(frozen=True)
 class StorageConfig:
     """Storage options shared by every stream of a dataset.
 
-    - ``prefetch_bytes``: per-reader budget of bytes fetched ahead of the reader; 0 turns
-      background prefetch off (reads become plain ranged requests). None (the default)
-      chooses by where the stream lives: 8 MiB for local files, 64 MiB for object stores
-      (``read_ahead``).
+    - ``prefetch_bytes``: budget of bytes a pipeline (one per DataLoader worker) fetches
+      ahead of its readers; 0 turns background prefetch off (reads become plain ranged
+      requests). None (the default) chooses by where the stream lives: 8 MiB for local
+      files, 64 MiB for object stores (``read_ahead``). The streams of a mixture share it
+      in proportion to their largest weight in the schedule, each at least 1 MiB
+      (``stream_read_ahead``), so mixing 30 streams does not hold 30 budgets.
     - ``cache_dir`` / ``cache_limit``: keep fetched frames on local disk, least recently used
       evicted past ``cache_limit`` bytes (None: no limit). Safe to share between processes.
     - ``verify``: ``"size"`` checks every frame's size and zstd checksum against the shard
@@ -93,8 +98,9 @@ class StorageConfig:
       damaged records, log them and list them in ``ShardSource.skipped``.
     - ``request_bytes``: the most bytes one background request asks for (frames are grouped
       up to this size, so a 64 MiB shard takes a handful of requests).
-    - ``prefetch_threads``: background fetch threads per reader; None (the default): 1 for
-      local files, 4 for object stores.
+    - ``prefetch_threads``: background fetch threads per pipeline; None (the default): 1 for
+      local files, 4 for object stores; shared by a mixture's streams like the bytes, at
+      least one each.
     - ``hedge``: when a slow read from an object store gets a second, identical request
       (``HedgePolicy``, storage/hedge.py); local files are never hedged.
     - ``client``: what reads ``s3://`` streams: ``"auto"`` (the default) takes obstore's
@@ -154,3 +160,16 @@ class StorageConfig:
         budget, threads = LOCAL_READ_AHEAD if local else REMOTE_READ_AHEAD
         return (budget if self.prefetch_bytes is None else self.prefetch_bytes,
                 threads if self.prefetch_threads is None else self.prefetch_threads)
+
+    def stream_read_ahead(self, local: bool, share: float) -> tuple[int, int]:
+        """(bytes, threads) of read-ahead for one stream holding ``share`` (0..1] of a
+        pipeline's (``read_ahead``): its share of the bytes, at least
+        ``STREAM_READ_AHEAD_FLOOR`` (or all of them when the budget is smaller), and its
+        share of the threads, at least one. A stream's reader waits only at its own pace,
+        so a stream drawn a tenth of the time needs about a tenth of the read-ahead; what
+        mixing many streams must not do is hold a whole budget, threads and all, for each."""
+        budget, threads = self.read_ahead(local)
+        if share >= 1 or budget <= 0:
+            return budget, threads
+        return (max(min(budget, STREAM_READ_AHEAD_FLOOR), round(budget * share)),
+                max(1, math.ceil(threads * share - 1e-9)))
