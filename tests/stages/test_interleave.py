@@ -1,6 +1,7 @@
 """The token-share schedule: bounded deviation after any prefix, and runs == one-by-one."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -96,7 +97,8 @@ def _pieces(runs):
 def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, seed):
     """``take_runs`` (one merge of the streams' ratios for a stretch of runs) gives the
     tokens, pieces and counters of ``take_run`` called again and again, through window ends,
-    phases that set weights to 0, streams running out and budgets cutting documents."""
+    phases that set weights to 0, streams running out, budgets cutting documents and peeks
+    at the next token."""
     rng = np.random.default_rng(seed)
     tmp = tmp_path_factory.mktemp("sched")
     corpus = {}
@@ -119,9 +121,12 @@ def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, se
     scheduled = ds.make_pipeline(0, 1).interleaver
     one_by_one = ds.make_pipeline(0, 1).interleaver
     budgets = data.draw(st.lists(st.integers(1, 700), min_size=1, max_size=40))
-    for step, n in enumerate(budgets):
+    peeks = data.draw(st.lists(st.booleans(), min_size=len(budgets), max_size=len(budgets)))
+    for step, (n, peek) in enumerate(zip(budgets, peeks)):
         scheduled.set_step(step)
         one_by_one.set_step(step)
+        if peek:  # as the packer does after a full batch: commits to the next document
+            assert scheduled.peek_token() == one_by_one.peek_token()
         got = list(scheduled.take_runs(n))
         want = []
         while (left := n - sum(r.size for _, r in want)) > 0 and (r := one_by_one.take_run(left)) is not None:
@@ -132,3 +137,26 @@ def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, se
         assert scheduled.state_dict() == one_by_one.state_dict(), f"budget {step}: state differs"
         if not want:
             break
+
+
+@pytest.mark.parametrize("weights", [[(0, {"a": 1.0, "b": 1.0})], [(0, {"a": 1.0, "b": 3.0}), (30, {"a": 5.0, "b": 1.0})]])
+def test_picks_planned_ahead_hold_over_many_small_budgets(tmp_path, rng, weights):
+    """Short documents in large windows and budgets of a few tokens: each merge sees far
+    more documents than a budget takes, and a new phase's weights take over at its step."""
+    corpus = {}
+    for name in ("a", "b"):
+        url = str(tmp_path / name)
+        corpus[name] = (url, write_stream(url, random_docs(rng, 300, 3, min_len=1)))
+    ds = PackedTokenDataset([Stream(corpus[n][0], name=n) for n in corpus], weights=weights, seq_len=64,
+                            shuffle_buffer=128, shuffle_warmup=128, infinite=True)
+    scheduled = ds.make_pipeline(0, 1).interleaver
+    one_by_one = ds.make_pipeline(0, 1).interleaver
+    for step in range(300):
+        scheduled.set_step(step)
+        one_by_one.set_step(step)
+        got = list(scheduled.take_runs(5))
+        want = []
+        while (left := 5 - sum(r.size for _, r in want)) > 0:
+            want.append(one_by_one.take_run(left))
+        assert _pieces(got)[2] == _pieces(want)[2], f"step {step}: pieces differ"
+        assert scheduled.state_dict() == one_by_one.state_dict(), f"step {step}: state differs"
