@@ -1493,15 +1493,13 @@ def growth_notes(g: dict) -> list[str]:
                   for x in xs}
         steps = ", ".join(f"{x:,}: {firsts[x]:.3f} s" for x in xs)
         out.append(
-            f"- **Shards in the manifest** ({steps}). Each shard here holds one record, so the first shuffle "
-            "window (8192 documents) reads one record from each of up to 8192 shards before the first batch: "
-            "linear in the shards up to the window. It bends upward past about a thousand shards: the "
-            "read-ahead (`storage/prefetch.py`) holds every prefetched frame that fits its byte budget, "
-            "thousands of tiny frames here, and each `take()` used to scan all held entries for ones already "
-            "passed (`_drop_passed`), so the window's fill cost records x held frames; the scan now stops at the "
-            "first entry still ahead. What remains is one index and one frame read per shard the first window "
-            "touches. Real shards hold thousands of documents each, so a manifest of N shards costs far less "
-            "than N records' worth of reads.")
+            f"- **Shards in the manifest** ({steps}). Each shard here holds one record, and the first shuffle "
+            "window holds 256 documents (the warm-up; windows grow to 8192), so the first batch reads one "
+            "record, an index and a frame, from each of the first min(N, 256) shards of its plan: that is the "
+            "rise up to a thousand shards. Past 256 shards the reads stop growing, and what still grows is "
+            "the manifest itself (loading it, planning the pass over every shard), which is the bend after "
+            "a thousand. Real shards hold thousands of documents each, so a manifest of N shards costs far "
+            "less than N records' worth of reads.")
     if max(xs, default=0) < max(GROWTH_SHARDS):
         out.append(f"- The {max(GROWTH_SHARDS):,}-shard point was not run (`--growth-max-shards {max(xs, default=0)}`): "
                    "at the growth measured above it would take minutes for one first batch.")
