@@ -19,7 +19,7 @@ deficit accumulated under the old weights.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class Interleaver:
         if self.current >= 0:  # the rest of the open document counts to the new phase
             self.emitted[self.current] = self.sources[self.current].remaining() or 0
         self.active = [w > 0 and not x for w, x in zip(self.weights, self.exhausted)]
+        self._mixing = sum(self.active) > 1  # two streams or more to schedule between
 
     def set_step(self, step: int) -> None:
         """The global step of the batch about to be built: switch phase if it starts one."""
@@ -79,6 +80,7 @@ class Interleaver:
                 return best
             self.active[best] = False
             self.exhausted[best] = True
+            self._mixing = sum(self.active) > 1
 
     def next_stream(self) -> int:
         """The stream the next token comes from (committing to a new document if needed)."""
@@ -104,44 +106,25 @@ class Interleaver:
         return stream, tokens, shard, record, token_start, done
 
     def take_run(self, n: int):
-        """Up to ``n`` tokens from the documents the schedule gives one stream in a row, as
-        ``(stream, DocRun)``; None when every stream is exhausted.
+        """Up to ``n`` tokens as one ``(stream, DocRun)``; None when every stream is exhausted.
+        Equivalent to repeated ``take`` calls.
 
-        Equivalent to repeated ``take`` calls: the run length is the number of further
-        documents for which this stream stays the furthest behind its share, computed from
-        the counters and the upcoming document lengths in one vectorized step.
+        One stream's run is the documents for which it stays the furthest behind its share,
+        computed from the counters and the upcoming document lengths in one vectorized step.
+        With two or more streams the schedule hands over every document or two, so such runs
+        are short and a pick, a look-ahead and a run per document would cost more than the
+        tokens: where the streams' windows hold the documents, a whole stretch of the
+        schedule is computed at once (``_schedule``), taken as one run per stream and handed
+        out as one run whose pieces carry their streams (stream -1, ``DocRun.streams``).
         """
+        if self._mixing:
+            plan = self._schedule(n)
+            if plan is not None:
+                return self._take_plan(*plan)
         stream = self.next_stream()
         if stream < 0:
             return None
         return stream, self._take(stream, n, 1 + self._extra_docs(stream, self.sources[stream]))
-
-    def take_runs(self, n: int) -> Iterator[tuple[int, DocRun]]:
-        """Up to ``n`` tokens as ``(stream, run)`` pairs (fewer only when every stream is
-        exhausted): the documents, pieces and counters of ``take_run`` called again and again,
-        one run at a time, so that a consumer copying each run before asking for the next
-        lets go of a finished window's frames before the next window is read.
-
-        With two or more streams the schedule hands over to another stream every document or
-        two, and a pick, a look-ahead and a run per document cost more than the tokens. Here
-        a stretch of the schedule is computed at once (``_schedule``) and taken as one run
-        per stream, handed out as one run whose pieces carry their streams (``stream`` -1,
-        ``DocRun.streams``); ``take_run`` is left for the picks the schedule cannot see (a
-        window to load) and for a single stream.
-        """
-        filled = 0
-        while filled < n:
-            plan = self._schedule(n - filled)
-            if plan is None:
-                got = self.take_run(n - filled)
-                if got is None:
-                    return
-                filled += got[1].size
-                yield got
-                continue
-            stream, run = self._take_plan(*plan)
-            filled += run.size
-            yield stream, run
 
     def _take(self, stream: int, n: int, max_docs: int) -> DocRun:
         """A run of up to ``n`` tokens from at most ``max_docs`` documents of ``stream``, the
@@ -157,9 +140,9 @@ class Interleaver:
         return run
 
     def _schedule(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The documents ``take_run`` would hand out next, for up to ``budget`` tokens, as
+        """The documents the schedule hands out next, for up to ``budget`` tokens, as
         ``(stream, tokens left, tokens taken)`` arrays in their order, the document in
-        progress first; None where the next pick must be made by ``take_run`` itself.
+        progress first; None where the next pick must be made one stream at a time.
 
         A stream's k-th next document is picked at the share ratio (emitted tokens plus the
         full lengths of its k documents before it) / weight, and picks go in increasing

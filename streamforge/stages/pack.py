@@ -146,7 +146,11 @@ class Packer:
         flat = tokens[:, :T].reshape(-1) if num_rows == 1 else np.empty(need, self.dtype)
         runs = []
         filled = 0
-        for stream, run in self.interleaver.take_runs(need):
+        while filled < need:
+            got = self.interleaver.take_run(need - filled)
+            if got is None:
+                break
+            stream, run = got
             run.copy_into(flat[filled : filled + run.size])
             # its tokens are copied: let go of its frames, or a window that ends mid-batch
             # keeps a dozen of them alive while the next window is read

@@ -61,42 +61,69 @@ def test_runs_equal_one_document_at_a_time(tmp_path, rng):
     one_by_one = ds.make_pipeline(0, 1).interleaver
     got, want = [], []
     while (r := by_run.take_run(97)) is not None:
-        stream, run = r
-        got.append((stream, run.tokens.copy()))
+        got.append(r)
     while (t := one_by_one.take(10**9)) is not None:
-        want.append((t[0], t[1].copy()))
-    assert sum(len(x) for _, x in got) == sum(len(x) for _, x in want)
-    flat = lambda parts: np.concatenate([x for _, x in parts])  # noqa: E731
-    assert np.array_equal(flat(got), flat(want))
-    streams = lambda parts: np.concatenate([np.full(len(x), s) for s, x in parts])  # noqa: E731
-    assert np.array_equal(streams(got), streams(want))
+        want.append((t[0], t[1].copy(), *t[2:]))
+    g, w = _pieces(got), _documents(want)
+    assert np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1])
+    assert g[2] == w[2]
+
+
+def _join(rows, stream, shard, record, start, length):
+    """Add a document piece, joined to the last one where it continues it."""
+    if rows and rows[-1][:3] == [stream, shard, record] and rows[-1][3] + rows[-1][4] == start:
+        rows[-1][4] += length
+    else:
+        rows.append([stream, shard, record, start, length])
 
 
 def _pieces(runs):
     """Tokens, stream of each token, and one (stream, shard, record, token_start, length)
-    row per document piece, joining the pieces of a document that runs split."""
+    row per document piece (pieces of a document that runs split are joined), of runs."""
     tokens, streams, rows = [], [], []
     for stream, run in runs:
-        t = run.tokens.copy()
-        tokens.append(t)
+        tokens.append(run.tokens.copy())
         # a run of stream -1 mixes streams and names each piece's
         per_piece = run.streams if stream < 0 else np.full(len(run.length), stream)
         streams.append(np.repeat(per_piece, run.length))
-        for stream, shard, record, start, length in zip(per_piece.tolist(), run.shard.tolist(), run.record.tolist(),
-                                                        run.token_start.tolist(), run.length.tolist()):
-            if rows and rows[-1][:3] == [stream, shard, record] and rows[-1][3] + rows[-1][4] == start:
-                rows[-1][4] += length
-            else:
-                rows.append([stream, shard, record, start, length])
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    return cat(tokens), cat(streams), rows
+        for piece in zip(per_piece.tolist(), run.shard.tolist(), run.record.tolist(),
+                         run.token_start.tolist(), run.length.tolist()):
+            _join(rows, *piece)
+    return _cat(tokens), _cat(streams), rows
+
+
+def _documents(takes):
+    """The same, of ``take`` results (one piece of one document each)."""
+    rows = []
+    for stream, tokens, shard, record, start, _ in takes:
+        _join(rows, stream, shard, record, start, len(tokens))
+    return (_cat([t[1] for t in takes]), _cat([np.full(len(t[1]), t[0]) for t in takes]), rows)
+
+
+def _cat(arrays):
+    return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+
+
+def _one_by_one(interleaver, n):
+    """``take`` until ``n`` tokens: the schedule one document piece at a time."""
+    out = []
+    while (left := n - sum(len(t[1]) for t in out)) > 0 and (t := interleaver.take(left)) is not None:
+        out.append((t[0], t[1].copy(), *t[2:]))
+    return out
+
+
+def _by_runs(interleaver, n):
+    out = []
+    while (left := n - sum(r.size for _, r in out)) > 0 and (r := interleaver.take_run(left)) is not None:
+        out.append(r)
+    return out
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(num_streams=st.integers(2, 5), data=st.data(), seed=st.integers(0, 999))
 def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, seed):
-    """``take_runs`` (one merge of the streams' ratios for a stretch of runs) gives the
-    tokens, pieces and counters of ``take_run`` called again and again, through window ends,
+    """``take_run`` (one merge of the streams' ratios for a stretch of documents) gives the
+    tokens, pieces and counters of ``take``, one document piece at a time, through window ends,
     phases that set weights to 0, streams running out, budgets cutting documents and peeks
     at the next token."""
     rng = np.random.default_rng(seed)
@@ -127,11 +154,8 @@ def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, se
         one_by_one.set_step(step)
         if peek:  # as the packer does after a full batch: commits to the next document
             assert scheduled.peek_token() == one_by_one.peek_token()
-        got = list(scheduled.take_runs(n))
-        want = []
-        while (left := n - sum(r.size for _, r in want)) > 0 and (r := one_by_one.take_run(left)) is not None:
-            want.append(r)
-        g, w = _pieces(got), _pieces(want)
+        got, want = _by_runs(scheduled, n), _one_by_one(one_by_one, n)
+        g, w = _pieces(got), _documents(want)
         assert np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1]), f"budget {step}: tokens differ"
         assert g[2] == w[2], f"budget {step}: pieces differ"
         assert scheduled.state_dict() == one_by_one.state_dict(), f"budget {step}: state differs"
@@ -154,9 +178,6 @@ def test_picks_planned_ahead_hold_over_many_small_budgets(tmp_path, rng, weights
     for step in range(300):
         scheduled.set_step(step)
         one_by_one.set_step(step)
-        got = list(scheduled.take_runs(5))
-        want = []
-        while (left := 5 - sum(r.size for _, r in want)) > 0:
-            want.append(one_by_one.take_run(left))
-        assert _pieces(got)[2] == _pieces(want)[2], f"step {step}: pieces differ"
+        got, want = _by_runs(scheduled, 5), _one_by_one(one_by_one, 5)
+        assert _pieces(got)[2] == _documents(want)[2], f"step {step}: pieces differ"
         assert scheduled.state_dict() == one_by_one.state_dict(), f"step {step}: state differs"
