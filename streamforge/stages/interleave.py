@@ -200,9 +200,9 @@ class Interleaver:
         return streams[: last + 1], left[: last + 1], taken
 
     def _take_plan(self, streams: np.ndarray, left: np.ndarray, taken: np.ndarray) -> tuple[int, DocRun]:
-        """The documents of a schedule (``_schedule``): one ``take_run`` per stream, their
-        pieces laid out in the schedule's order as one run (``stream`` -1), and each new
-        document counted to its stream at its full length, as ``_pick`` counts it."""
+        """The documents of a schedule (``_schedule``): one ``ShuffleBuffer.take_run`` per
+        stream, their pieces laid out in the schedule's order as one run (``stream`` -1), and
+        each new document counted to its stream at its full length, as ``_pick`` counts it."""
         ids = streams.tolist()
         counted = left.copy()
         if self.current >= 0:

@@ -7,7 +7,6 @@ the dataset is built, before training starts.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -165,7 +164,7 @@ class StorageConfig:
         """(bytes, threads) of read-ahead for one stream holding ``share`` (0..1] of a
         pipeline's (``read_ahead``): its share of the bytes, at least
         ``STREAM_READ_AHEAD_FLOOR`` (or all of them when the budget is smaller), and its
-        share of the threads, at least one. A stream's reader waits only at its own pace,
+        share of the threads, rounded up. A stream's reader waits only at its own pace,
         so a stream drawn a tenth of the time needs about a tenth of the read-ahead; what
         mixing many streams must not do is hold a whole budget, threads and all, for each."""
         budget, threads = self.read_ahead(local)

@@ -163,7 +163,10 @@ def test_scheduled_runs_equal_run_by_run(tmp_path_factory, num_streams, data, se
             break
 
 
-@pytest.mark.parametrize("weights", [[(0, {"a": 1.0, "b": 1.0})], [(0, {"a": 1.0, "b": 3.0}), (30, {"a": 5.0, "b": 1.0})]])
+@pytest.mark.parametrize("weights", [
+    [(0, {"a": 1.0, "b": 1.0})],
+    [(0, {"a": 1.0, "b": 3.0}), (30, {"a": 5.0, "b": 1.0})],
+])
 def test_picks_planned_ahead_hold_over_many_small_budgets(tmp_path, rng, weights):
     """Short documents in large windows and budgets of a few tokens: each merge sees far
     more documents than a budget takes, and a new phase's weights take over at its step."""
