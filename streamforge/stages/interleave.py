@@ -164,7 +164,7 @@ class Interleaver:
             if i == cur:
                 if known is None:
                     return None
-                rest = int(known[0]) - self.sources[i].token_offset
+                rest = self.sources[i].remaining()  # a loaded window: no load, just arithmetic
                 known = known[1:]
             blocks.append(_NONE if known is None else known)
         sizes = [len(b) + 1 for b in blocks]
