@@ -1187,7 +1187,7 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "batch contract: input_ids, labels, position_ids, doc_ids, source_ids, documents shuffled in "
         "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
         f"(local {LOCAL_READ_AHEAD[0] >> 20} MiB on one fetch thread, S3 {REMOTE_READ_AHEAD[0] >> 20} MiB on four), S3 read through obstore's client in the "
-        "training process and through s3fs in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
+        "training process and over signed HTTP requests (`storage/s3http.py`) in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
         "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
         "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "
         "delivered (streamforge: non-padding positions; a peer: 2049 per block) over the seconds from "

@@ -387,6 +387,7 @@ class ShardSource:
             "requests": self.fetcher.stats.requests,
             "bytes_fetched": self.fetcher.stats.bytes_fetched,
             "obstore_requests": self.fetcher.stats.obstore_requests,
+            "http_requests": self.fetcher.stats.http_requests,
             "retries": self.fetcher.retries,
             "hedged": self.fetcher.hedged,
             "hedge_won": self.fetcher.hedge_won,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 
 VERIFY_MODES = ("size", "sha256")
-CLIENTS = ("auto", "obstore", "fsspec")  # what reads s3:// (storage/objstore.py)
+CLIENTS = ("auto", "obstore", "http", "fsspec")  # what reads s3:// (storage/objstore.py)
 ON_ERROR_MODES = ("raise", "skip")
 
 
@@ -103,8 +103,10 @@ class StorageConfig:
     - ``hedge``: when a slow read from an object store gets a second, identical request
       (``HedgePolicy``, storage/hedge.py); local files are never hedged.
     - ``client``: what reads ``s3://`` streams: ``"auto"`` (the default) takes obstore's
-      client where it is installed and the options allow it, else s3fs; ``"obstore"``
-      insists on it; ``"fsspec"`` always takes s3fs (storage/objstore.py).
+      client where the options allow it, signed HTTP requests over urllib3 where obstore
+      cannot run (not installed, or a worker forked after the trainer used it), else s3fs;
+      ``"obstore"`` insists on obstore (HTTP in such a forked worker); ``"http"`` on the
+      HTTP requests; ``"fsspec"`` always takes s3fs (storage/objstore.py, storage/s3http.py).
     """
 
     prefetch_bytes: int | None = None

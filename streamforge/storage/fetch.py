@@ -30,14 +30,17 @@ class FetchStats:
         self.requests = 0
         self.bytes_fetched = 0
         self.obstore_requests = 0  # of ``requests``, those answered by obstore's client
+        self.http_requests = 0  # ... and those answered by storage/s3http.py's
         self._lock = threading.Lock()
 
-    def add(self, requests: int, nbytes: int, obstore: bool = False) -> None:
+    def add(self, requests: int, nbytes: int, client: str | None = None) -> None:
         with self._lock:
             self.requests += requests
             self.bytes_fetched += nbytes
-            if obstore:
+            if client == "obstore":
                 self.obstore_requests += requests
+            elif client == "http":
+                self.http_requests += requests
 
     def __getstate__(self) -> dict:
         return {}
@@ -122,7 +125,7 @@ class ByteFetcher:
         fs, path = self._open()
         target = join(path, name)
         where = what or f"{self.url}/{name}"
-        obstore = getattr(fs, "client", None) == "obstore"
+        client = getattr(fs, "client", None)
 
         def request() -> bytes:
             try:
@@ -131,7 +134,7 @@ class ByteFetcher:
                 if exc.errno == errno.EINVAL and file_size is not None:  # S3 416 InvalidRange
                     self._check_size(fs, target, where, file_size)
                 raise
-            self.stats.add(1, len(data), obstore)
+            self.stats.add(1, len(data), client)
             if len(data) != stop - start:
                 if file_size is not None:
                     self._check_size(fs, target, where, file_size)

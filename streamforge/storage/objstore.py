@@ -10,14 +10,18 @@ Only reads go this way: the manifest, shard indexes and frames. Writers, the led
 conversion keep the protocol's fsspec filesystem. ``StorageConfig.client`` picks:
 
 - ``"auto"`` (the default): obstore for ``s3://`` when it is installed and the options say
-  everything it needs (``obstore_settings``); otherwise fsspec, and the reason is logged;
+  everything it needs (``obstore_settings``); where they do not, fsspec, and the reason is
+  logged;
 - ``"obstore"``: obstore, or a ``ConfigError`` that says why it cannot be used;
 - ``"fsspec"``: always the protocol's fsspec filesystem (s3fs).
 
+- ``"http"``: signed HTTP requests over urllib3 (``s3http.py``), with the same settings.
+
 obstore's runtime does not survive ``fork``: a process forked from one whose obstore client had
 already made requests would hang on its first one. Such a process (a DataLoader worker started
-with ``fork``) reads through s3fs instead, under ``"auto"`` and ``"obstore"`` alike; workers
-started with ``spawn`` or ``forkserver`` use obstore.
+with ``fork``) reads through ``s3http`` instead, under ``"auto"`` and ``"obstore"`` alike, and so
+does ``"auto"`` where obstore is not installed; workers started with ``spawn`` or
+``forkserver`` use obstore.
 """
 
 from __future__ import annotations
@@ -110,23 +114,35 @@ def obstore_settings(options: dict[str, Any]) -> tuple[dict, str | None]:
     return config, None
 
 
-def unavailable(options: dict[str, Any]) -> str | None:
-    """Why S3 reads with these ``options`` cannot go through obstore here, or None."""
+def blocked() -> str | None:
+    """Why obstore cannot run in this process (not installed, or forked after use), or None."""
     try:
         import obstore  # noqa: F401
     except ImportError:
         return "obstore is not installed (pip install 'streamforge[obstore]')"
     if forked_after_use():
         return "this process was forked after obstore had made requests in its parent"
-    return obstore_settings(options)[1]
+    return None
 
 
-class ObstoreResponseError(OSError):
+class S3ResponseError(OSError):
     """An S3 answer with an HTTP status (``status``), sorted by ``retry.is_transient``."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(errno.EIO, message)
         self.status = status
+
+
+def error_for_status(status: int, text: str) -> OSError:
+    """The builtin error streamforge's retry and error messages sort, for an S3 answer of
+    HTTP ``status`` (obstore's and ``s3http``'s alike)."""
+    if status == 416:  # a range past the end: fetch.py checks the object's size
+        return OSError(errno.EINVAL, text)
+    if status == 404:
+        return FileNotFoundError(errno.ENOENT, text)
+    if status in (401, 403):
+        return PermissionError(errno.EACCES, text)
+    return S3ResponseError(status, text)
 
 
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -144,14 +160,7 @@ def _translate(exc: BaseException, where: str) -> BaseException:
         return PermissionError(errno.EACCES, text)
     found = _STATUS.search(str(exc))
     if found:
-        status = int(found.group(1))
-        if status == 416:  # a range past the end: fetch.py checks the object's size
-            return OSError(errno.EINVAL, text)
-        if status == 404:
-            return FileNotFoundError(errno.ENOENT, text)
-        if status in (401, 403):
-            return PermissionError(errno.EACCES, text)
-        return ObstoreResponseError(status, text)
+        return error_for_status(int(found.group(1)), text)
     if isinstance(exc, ox.GenericError):  # no answer: refused, reset or timed out
         return ConnectionError(errno.ECONNRESET, text)
     return ConfigError(text)

@@ -78,8 +78,9 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
 
     ``client`` (``StorageConfig.client``) is given by readers, which need no more than
     ``cat_file``, ``size`` and ``exists``: any value but ``"fsspec"`` reads local files with
-    ``open`` (storage/local.py, no fsspec import), and ``s3://`` through obstore where it can
-    (storage/objstore.py). fsspec is imported on the first URL that needs it.
+    ``open`` (storage/local.py, no fsspec import), and ``s3://`` through obstore or signed
+    HTTP requests where the options allow (storage/objstore.py, storage/s3http.py). fsspec
+    is imported on the first URL that needs it.
 
     With ``policy``, object-store clients get streamforge's retry and timeout defaults. One
     filesystem is made per process for each protocol and set of options, and shared by the
@@ -96,7 +97,7 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
 
         return LOCAL_READER, LOCAL_READER._strip_protocol(url)
     if direct and protocol == "s3":
-        reader = _obstore_reader(url, given, policy or RetryPolicy(), client)
+        reader = _s3_reader(url, given, policy or RetryPolicy(), client)
         if reader is not None:
             return reader, reader._strip_protocol(url)
     options = _merged(client_defaults(url, policy), given)
@@ -126,27 +127,39 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
     return fs, path
 
 
-def _obstore_reader(url: str, given: dict[str, Any], policy: RetryPolicy, client: str):
-    """The process's obstore reader for these options, or None where fsspec must read (and
-    ``client="auto"``); ``client="obstore"`` that cannot be honoured is a ``ConfigError``."""
+def _s3_reader(url: str, given: dict[str, Any], policy: RetryPolicy, client: str):
+    """The process's direct S3 reader for these options (obstore's, or ``s3http``'s where
+    obstore cannot run here), or None where s3fs must read (and ``client="auto"``); a
+    ``client`` that cannot be honoured is a ``ConfigError`` that says why."""
     from . import objstore
 
     if client not in CLIENTS:
         raise ConfigError(f"StorageConfig.client must be one of {CLIENTS}, got {client!r}")
-    why = objstore.unavailable(given)
-    if why is not None and (client == "auto" or objstore.forked_after_use()):
-        log.debug("%s: reading through s3fs: %s", url, why)
-        return None
+    settings, why = objstore.obstore_settings(given)
     if why is not None:
-        raise ConfigError(f"{url}: StorageConfig.client='obstore' cannot be used: {why}")
+        if client == "auto":
+            log.debug("%s: reading through s3fs: %s", url, why)
+            return None
+        raise ConfigError(f"{url}: StorageConfig.client={client!r} cannot be used: {why}")
+    kind = client
+    if client in ("auto", "obstore"):
+        blocked = objstore.blocked()
+        if blocked is not None and client == "obstore" and not objstore.forked_after_use():
+            raise ConfigError(f"{url}: StorageConfig.client='obstore' cannot be used: {blocked}")
+        kind = "obstore" if blocked is None else "http"
     try:
-        key = (os.getpid(), "obstore", json.dumps(given, sort_keys=True), policy)
+        key = (os.getpid(), kind, json.dumps(given, sort_keys=True), policy)
     except TypeError:
         key = None
     with _FILESYSTEMS_LOCK:
         reader = _FILESYSTEMS.get(key) if key is not None else None
         if reader is None:
-            reader = objstore.ObstoreReader(objstore.obstore_settings(given)[0], policy)
+            if kind == "obstore":
+                reader = objstore.ObstoreReader(settings, policy)
+            else:
+                from .s3http import S3HttpReader
+
+                reader = S3HttpReader(settings, policy)
             if key is not None:
                 _FILESYSTEMS[key] = reader
     return reader

@@ -15,8 +15,8 @@ from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy
 from streamforge.storage.retry import Retrier, ShortRead, is_transient
 
-# each S3 client the readers can use: obstore where installed, and s3fs
-CLIENTS = ["fsspec"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
+# each S3 client the readers can use: s3fs, signed HTTP, and obstore where installed
+CLIENTS = ["fsspec", "http"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
 QUICK = RetryPolicy(attempts=3, backoff_base=0.01, backoff_max=0.02, timeout=0.5)
 
 
@@ -119,8 +119,9 @@ def test_every_request_failing_names_url_shard_frame(s3_corpus, proxy, prefetch)
 
 
 @pytest.mark.parametrize("proxy", [(1.0, ("stall",))], indirect=True)
-def test_stalls_past_the_timeout_are_retried_then_reported(s3_corpus, proxy):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_stalls_past_the_timeout_are_retried_then_reported(s3_corpus, proxy, client):
     url, opts, _ = s3_corpus
     policy = RetryPolicy(attempts=2, backoff_base=0.01, timeout=0.3)
     with pytest.raises(StorageError, match="index.json: giving up after 2 attempts"):
-        ShardSource.open(url, through(proxy, opts), config(retry=policy))
+        ShardSource.open(url, through(proxy, opts), config(retry=policy, client=client))

@@ -1,5 +1,5 @@
 """S3 reads through obstore (``StorageConfig.client``): the same bytes as s3fs, the same errors,
-the same retries, and a forked worker that falls back to s3fs instead of hanging (real S3
+the same retries, and a forked worker that reads over plain HTTP instead of hanging (real S3
 server on 127.0.0.1)."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _child_reads(url, opts, queue):
     queue.put((kind, [t.tolist() for t in tokens_of(read_all(source))]))
 
 
-def test_a_process_forked_after_obstore_requests_reads_through_s3fs(s3_corpus, docs):
+def test_a_process_forked_after_obstore_requests_reads_over_http(s3_corpus, docs):
     """obstore's runtime does not survive fork: the child must not touch it (it would hang)."""
     url, opts, _ = s3_corpus
     parent = ShardSource.open(url, opts, config(client="obstore"))
@@ -140,7 +140,7 @@ def test_a_process_forked_after_obstore_requests_reads_through_s3fs(s3_corpus, d
     kind, tokens = queue.get(timeout=60)
     proc.join(60)
     assert proc.exitcode == 0
-    assert kind != "ObstoreReader"
+    assert kind == "S3HttpReader"  # storage/s3http.py, even under client="obstore"
     assert [list(map(int, d)) for d in docs] == tokens
     parent.close()
 
@@ -156,7 +156,7 @@ def _loader(url, opts, client, num_workers=0, context=None):
 
 
 def test_loader_passes_equal_across_clients_and_worker_start_methods(s3_corpus):
-    """Spawned workers read through obstore themselves; forked ones through s3fs."""
+    """Spawned workers read through obstore themselves; forked ones over plain HTTP."""
     from storage_helpers import batches, equal
 
     url, opts, _ = s3_corpus
@@ -166,11 +166,12 @@ def test_loader_passes_equal_across_clients_and_worker_start_methods(s3_corpus):
         loader = _loader(url, opts, "obstore", workers, context)
         assert equal(batches(loader), reference), (workers, context)
         # stats() says which client read: all obstore in one process or spawned workers; in
-        # forked workers s3fs, the trainer's head start alone through obstore
+        # forked workers HTTP, the trainer's head start alone through obstore
         stats = loader.stats()["streams"]["web"]
         forked = workers > 0 and context is None
         assert 0 < stats["obstore_requests"] < stats["requests"] if forked else (
             stats["obstore_requests"] == stats["requests"] > 0), (workers, context, stats)
+        assert stats["obstore_requests"] + stats["http_requests"] == stats["requests"], (workers, context, stats)
 
 
 def test_a_dotted_bucket_on_aws_is_read_path_style():
