@@ -26,8 +26,9 @@ import errno
 import os
 import re
 import threading
+import urllib.request
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from .config import RetryPolicy
 from .objstore import error_for_status
@@ -46,13 +47,14 @@ class S3HttpReader:
     def __init__(self, config: dict[str, Any], policy: RetryPolicy) -> None:
         self._config = dict(config)
         self._timeout = policy.timeout
-        self._pool: Any = None
+        self._pools: dict[str | None, Any] = {}  # by proxy (None: direct), this process's
+        self._routes: dict[tuple[str, str], str | None] = {}  # (scheme, host) -> its proxy
         self._pool_pid: int | None = None
         self._signer: Any = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {"_config": self._config, "_timeout": self._timeout}
+        return {"_config": self._config, "_timeout": self._timeout}  # pools are per process
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["_config"], RetryPolicy(timeout=state["_timeout"]))
@@ -62,19 +64,40 @@ class S3HttpReader:
         return without_scheme(url, "s3", "s3a").rstrip("/")
 
     # -- requests ----------------------------------------------------------------------------
-    def _http(self):
-        """This process's connection pool (a forked process builds its own)."""
+    def _http(self, url: str):
+        """This process's connection pool for ``url`` (a forked process builds its own): direct,
+        or through the proxy the environment names for it (``HTTPS_PROXY``, ``HTTP_PROXY``,
+        ``NO_PROXY``, as botocore reads them). TLS is checked against ``AWS_CA_BUNDLE`` or
+        botocore's CA bundle."""
         pid = os.getpid()
         if self._pool_pid != pid:
             with self._lock:
                 if self._pool_pid != pid:
-                    import urllib3
-
-                    timeout = urllib3.Timeout(connect=self._timeout, read=self._timeout)
                     self._signer = self._make_signer()
-                    self._pool = urllib3.PoolManager(num_pools=8, maxsize=16, retries=False, timeout=timeout)
+                    self._pools, self._routes = {}, {}
                     self._pool_pid = pid  # last: other threads check it without the lock
-        return self._pool
+        parts = urlsplit(url)
+        route = (parts.scheme, parts.hostname or "")
+        proxy = self._routes.get(route, False)
+        if proxy is False:
+            found = urllib.request.getproxies().get(parts.scheme)
+            proxy = self._routes[route] = None if not found or urllib.request.proxy_bypass(route[1]) else found
+        pool = self._pools.get(proxy)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.get(proxy)
+                if pool is None:
+                    pool = self._pools[proxy] = self._make_pool(proxy)
+        return pool
+
+    def _make_pool(self, proxy: str | None):
+        import urllib3
+        from botocore.httpsession import get_cert_path
+
+        settings = {"num_pools": 8, "maxsize": 16, "retries": False,
+                    "timeout": urllib3.Timeout(connect=self._timeout, read=self._timeout),
+                    "ca_certs": os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)}
+        return urllib3.ProxyManager(proxy, **settings) if proxy else urllib3.PoolManager(**settings)
 
     def _make_signer(self):
         config = self._config
@@ -105,9 +128,9 @@ class S3HttpReader:
         ``FileNotFoundError``, a 403 a ``PermissionError``, no answer a ``ConnectionError``)."""
         import urllib3
 
-        pool = self._http()
         bucket, _, key = self._strip_protocol(path).partition("/")
         url = self.url(bucket, key)
+        pool = self._http(url)
         where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
         headers = dict(headers or {})
         if self._signer is not None:

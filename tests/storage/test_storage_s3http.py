@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_the_reader_pickles_and_builds_its_pool_where_it_is_used(s3_corpus):
     reader, path = open_url(url, opts, RetryPolicy(timeout=7.0), "http")
     reader.size(f"{path}/index.json")
     copy = pickle.loads(pickle.dumps(reader))
-    assert copy._pool is None and copy._timeout == 7.0
+    assert copy._pools == {} and copy._pool_pid is None and copy._timeout == 7.0
     assert copy.cat_file(f"{path}/index.json") == reader.cat_file(f"{path}/index.json")
 
 
@@ -216,3 +217,74 @@ def test_threads_racing_for_a_new_pool_all_sign_their_requests(s3_corpus):
         for t in threads:
             t.join()
         assert errors == []
+
+
+class _ForwardProxy:
+    """A plain-HTTP forward proxy on 127.0.0.1: requests come with absolute URLs, are sent on
+    to their host, and counted (``seen``)."""
+
+    def __init__(self) -> None:
+        import http.client
+        import http.server
+        import threading
+
+        outer = self
+        self.seen: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self):
+                outer.seen.append(f"{self.command} {self.path}")
+                target = urlsplit(self.path)
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+                path = target.path + (f"?{target.query}" if target.query else "")
+                conn.request(self.command, path, headers={k: v for k, v in self.headers.items()
+                                                          if k.lower() not in ("proxy-connection", "connection")})
+                answer = conn.getresponse()
+                body = answer.read()
+                self.send_response(answer.status)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("connection", "transfer-encoding"):
+                        self.send_header(k, v)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                conn.close()
+
+            do_GET = do_HEAD = _forward
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_requests_go_through_the_proxy_the_environment_names(s3_corpus, docs, monkeypatch):
+    url, opts, _ = s3_corpus
+    proxy = _ForwardProxy()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        # a reader decides its route on its first request to a host: a policy no other test
+        # uses gives this one a reader of its own
+        fresh = RetryPolicy(attempts=3, backoff_base=0.01, timeout=9.5)
+        source = ShardSource.open(url, opts, config(client="http", prefetch_bytes=0, retry=fresh))
+        assert same(tokens_of(read_all(source, plan=False)), docs)
+        assert len(proxy.seen) == source.stats()["requests"] + 1 > 1  # the manifest, then every read
+        assert all(line.split()[1].startswith(opts["client_kwargs"]["endpoint_url"]) for line in proxy.seen)
+        source.close()
+        # NO_PROXY names the endpoint's host: straight to it
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        before = len(proxy.seen)
+        direct = S3HttpReader(objstore.obstore_settings(opts)[0], RetryPolicy())
+        assert len(direct.cat_file(f"{objstore.ObstoreReader._strip_protocol(url)}/index.json")) > 0
+        assert len(proxy.seen) == before
+    finally:
+        proxy.stop()
