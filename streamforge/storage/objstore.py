@@ -13,9 +13,8 @@ conversion keep the protocol's fsspec filesystem. ``StorageConfig.client`` picks
   everything it needs (``obstore_settings``); where they do not, fsspec, and the reason is
   logged;
 - ``"obstore"``: obstore, or a ``ConfigError`` that says why it cannot be used;
+- ``"http"``: signed HTTP requests over urllib3 (``s3http.py``), with the same settings;
 - ``"fsspec"``: always the protocol's fsspec filesystem (s3fs).
-
-- ``"http"``: signed HTTP requests over urllib3 (``s3http.py``), with the same settings.
 
 obstore's runtime does not survive ``fork``: a process forked from one whose obstore client had
 already made requests would hang on its first one. Such a process (a DataLoader worker started

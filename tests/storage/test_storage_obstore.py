@@ -121,21 +121,22 @@ def test_a_refused_connection_is_retried_then_reported(s3_server):
         Manifest.load("s3://bucket/web", opts, retry=policy, client="obstore")
 
 
-def _child_reads(url, opts, queue):
-    source = ShardSource.open(url, opts, config(client="obstore"))
+def _child_reads(url, opts, client, queue):
+    source = ShardSource.open(url, opts, config(client=client))
     kind = type(source.fetcher._open()[0]).__name__
     queue.put((kind, [t.tolist() for t in tokens_of(read_all(source))]))
 
 
-def test_a_process_forked_after_obstore_requests_reads_over_http(s3_corpus, docs):
+@pytest.mark.parametrize("client", ["obstore", "auto"])
+def test_a_process_forked_after_obstore_requests_reads_over_http(s3_corpus, docs, client):
     """obstore's runtime does not survive fork: the child must not touch it (it would hang)."""
     url, opts, _ = s3_corpus
-    parent = ShardSource.open(url, opts, config(client="obstore"))
+    parent = ShardSource.open(url, opts, config(client=client))
     parent.index(0)  # the parent's obstore client has made requests
     assert objstore._RUNTIME_PID is not None
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child_reads, args=(url, opts, queue))
+    proc = ctx.Process(target=_child_reads, args=(url, opts, client, queue))
     proc.start()
     kind, tokens = queue.get(timeout=60)
     proc.join(60)

@@ -1,6 +1,7 @@
 """S3 reads as signed HTTP requests (``StorageConfig.client="http"``, storage/s3http.py): the
 same bytes as s3fs, signatures an S3 server that checks them accepts, the errors the retry
-policy sorts, and the reader a forked DataLoader worker takes (real S3 servers on 127.0.0.1)."""
+policy sorts, proxies, and threads racing for a new reader (real S3 servers on 127.0.0.1). A
+worker forked after obstore's requests reading through it: test_storage_obstore.py."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_a_refused_connection_is_transient_and_named(tmp_path):
     port = free_port()  # nothing listens there
     opts = {"key": "a", "secret": "b", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
     quick = RetryPolicy(attempts=2, backoff_base=0.01, timeout=1.0)
-    with pytest.raises(StorageError, match=rf"s3://bucket/web/index.json.*giving up after 2 attempts.*ConnectionError"):
+    with pytest.raises(StorageError, match=r"s3://bucket/web/index.json.*giving up after 2 attempts.*ConnectionError"):
         ShardSource.open("s3://bucket/web", opts, config(client="http", retry=quick))
 
 
@@ -166,29 +167,6 @@ def test_signatures_pass_a_server_that_checks_them(signed_s3, docs):
     # the control: s3fs signing with the wrong secret is refused by the same server
     with pytest.raises(PermissionError):
         s3fs.S3FileSystem(**wrong).cat_file(f"{bucket}/web corpus/ü~x/index.json")
-
-
-def _forked_reader_kind(url, opts, queue):
-    source = ShardSource.open(url, opts, config(client="auto"))
-    queue.put((type(source.fetcher._open()[0]).__name__, len(read_all(source))))
-
-
-def test_a_worker_forked_after_obstore_requests_reads_over_http(s3_corpus, docs):
-    pytest.importorskip("obstore")
-    import multiprocessing as mp
-
-    url, opts, _ = s3_corpus
-    parent = ShardSource.open(url, opts, config(client="auto"))
-    parent.index(0)
-    assert objstore._RUNTIME_PID == os.getpid()
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_forked_reader_kind, args=(url, opts, queue))
-    proc.start()
-    assert queue.get(timeout=60) == ("S3HttpReader", len(docs))
-    proc.join(60)
-    assert proc.exitcode == 0
-    parent.close()
 
 
 def test_threads_racing_for_a_new_pool_all_sign_their_requests(s3_corpus):
