@@ -132,6 +132,11 @@ class S3ResponseError(OSError):
         self.status = status
 
 
+def s3_path(url: str) -> str:
+    """``bucket/key`` of an ``s3://`` (or ``s3a://``) URL: the path an S3 reader is given."""
+    return without_scheme(url, "s3", "s3a").rstrip("/")
+
+
 def error_for_status(status: int, text: str) -> OSError:
     """The builtin error streamforge's retry and error messages sort, for an S3 answer of
     HTTP ``status`` (obstore's and ``s3http``'s alike)."""
@@ -182,9 +187,7 @@ class ObstoreReader:
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _strip_protocol(url: str) -> str:
-        return without_scheme(url, "s3", "s3a").rstrip("/")
+    _strip_protocol = staticmethod(s3_path)
 
     def _split(self, path: str) -> tuple[Any, str]:
         bucket, _, key = self._strip_protocol(path).partition("/")

@@ -31,8 +31,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .config import RetryPolicy
-from .objstore import error_for_status
-from .open import without_scheme
+from .objstore import error_for_status, s3_path
 
 _XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
 
@@ -59,9 +58,7 @@ class S3HttpReader:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["_config"], RetryPolicy(timeout=state["_timeout"]))
 
-    @staticmethod
-    def _strip_protocol(url: str) -> str:
-        return without_scheme(url, "s3", "s3a").rstrip("/")
+    _strip_protocol = staticmethod(s3_path)
 
     # -- requests ----------------------------------------------------------------------------
     def _http(self, url: str):

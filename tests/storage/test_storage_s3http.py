@@ -179,7 +179,7 @@ def test_threads_racing_for_a_new_pool_all_sign_their_requests(s3_corpus):
     settings = objstore.obstore_settings(opts)[0]
     for _ in range(10):
         reader = S3HttpReader(settings, RetryPolicy())
-        path = f"{objstore.ObstoreReader._strip_protocol(url)}/index.json"
+        path = f"{S3HttpReader._strip_protocol(url)}/index.json"
         start, errors = threading.Barrier(8), []
 
         def first_request():
@@ -262,7 +262,7 @@ def test_requests_go_through_the_proxy_the_environment_names(s3_corpus, docs, mo
         monkeypatch.setenv("NO_PROXY", "127.0.0.1")
         before = len(proxy.seen)
         direct = S3HttpReader(objstore.obstore_settings(opts)[0], RetryPolicy())
-        assert len(direct.cat_file(f"{objstore.ObstoreReader._strip_protocol(url)}/index.json")) > 0
+        assert len(direct.cat_file(f"{S3HttpReader._strip_protocol(url)}/index.json")) > 0
         assert len(proxy.seen) == before
     finally:
         proxy.stop()
