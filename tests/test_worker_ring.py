@@ -2,6 +2,7 @@
 and how they are started."""
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -30,6 +31,15 @@ def _message(seed: int, count: int, **kw) -> list[tuple]:
     return [("batch", 0, seed * 10 + i, _rows(seed * 10 + i, **kw), {"step": i}, None, None) for i in range(count)]
 
 
+def _received(rings: _Rings, shipped) -> list[tuple]:
+    """The message's batches, its slot released at once (their tokens copied first)."""
+    items, release = rings.receive(shipped)
+    items = [item[:3] + (_copy(item[3]),) + item[4:] for item in items]
+    if release is not None:
+        release()
+    return items
+
+
 def _same(a: RowBatch, b: RowBatch) -> None:
     for name in RowBatch.__dataclass_fields__:
         x, y = getattr(a, name), getattr(b, name)
@@ -43,25 +53,44 @@ def test_messages_come_out_equal_through_every_slot_twice():
         sent = _message(seed, 1 + seed % 3)
         shipped = ring.ship([item[:3] + (_copy(item[3]),) + item[4:] for item in sent])
         kinds.append(shipped[0])
-        got = rings.receive(shipped)
+        got = _received(rings, shipped)
         assert [g[:3] + g[4:] for g in got] == [s[:3] + s[4:] for s in sent]
         for g, s in zip(got, sent):
             _same(g[3], s[3])
     assert kinds == ["whole"] + ["ring"] * 7
-    # what came out is a private copy: writing the slot again does not change it
-    kept = got[0][3].tokens.copy()
-    ring.ship(_message(99, 1))
-    ring.memory[_Ring.HEADER:] = 0
-    assert np.array_equal(got[0][3].tokens, kept)
+
+
+def test_tokens_are_read_in_the_slot_until_it_is_released(monkeypatch):
+    """A batch's tokens are a view of the worker's slot, its piece columns a private copy (the
+    ledger keeps them); the worker writes the slot again only once the main process released
+    it, so tokens read before the release are the worker's."""
+    monkeypatch.setattr(_Ring, "WAIT", 0.05)
+    ring, rings = _Ring(0, slots=2, slot_bytes=4096), _Rings()
+    _received(rings, ring.ship(_message(0, 1)))  # the first message travels whole
+    sent = _message(1, 2)
+    expected = [_copy(item[3]) for item in sent]
+    items, release = rings.receive(ring.ship(sent))
+    assert np.shares_memory(items[0][3].tokens, ring.memory)
+    assert not any(np.shares_memory(getattr(items[0][3], name), ring.memory)
+                   for name in RowBatch.__dataclass_fields__ if name != "tokens")
+    assert ring.ship(_message(2, 1))[0] == "ring"  # the other slot
+    assert ring.ship(_message(3, 1))[0] == "whole"  # none free: the first is not released
+    for g, e in zip(items, expected):
+        _same(g[3], e)
+    release()
+    assert ring.ship(_message(4, 1))[0] == "ring"  # the released slot, written again
+    assert not np.array_equal(items[0][3].tokens, expected[0].tokens)
+    for g, e in zip(items, expected):  # the pieces stay as they were
+        assert np.array_equal(g[3].record, e.record) and np.array_equal(g[3].start, e.start)
 
 
 def test_a_message_larger_than_a_slot_travels_whole():
     ring, rings = _Ring(0, slots=2, slot_bytes=256), _Rings()
-    rings.receive(ring.ship(_message(0, 1)))
+    _received(rings, ring.ship(_message(0, 1)))
     big = _message(1, 2, pieces=50)
     shipped = ring.ship(big)
     assert shipped[0] == "whole"
-    _same(rings.receive(shipped)[1][3], big[1][3])
+    _same(_received(rings, shipped)[1][3], big[1][3])
 
 
 def test_a_slot_never_acknowledged_makes_the_message_travel_whole(monkeypatch):
@@ -75,27 +104,27 @@ def test_each_batch_of_a_message_gets_back_its_own_pieces():
     """The fields of a message's batches lie end to end in the slot; each batch is cut back
     out by its own lengths (here 0 to 6 pieces, and rows of two widths in two messages)."""
     ring, rings = _Ring(0, slots=2, slot_bytes=1 << 16), _Rings()
-    rings.receive(ring.ship(_message(0, 1)))
+    _received(rings, ring.ship(_message(0, 1)))
     for width in (9, 17):
         sent = [("batch", 1, i, _rows(i, pieces=i, width=width), {"step": i}, None, None) for i in range(7)]
         expected = [_copy(item[3]) for item in sent]
         shipped = ring.ship(sent)
         assert shipped[0] == "ring"
-        for g, e in zip(rings.receive(shipped), expected):
+        for g, e in zip(_received(rings, shipped), expected):
             _same(g[3], e)
 
 
 @pytest.mark.parametrize("differ", ["width", "dtype"])
 def test_batches_that_cannot_lie_end_to_end_travel_whole(differ):
     ring, rings = _Ring(0, slots=2, slot_bytes=1 << 16), _Rings()
-    rings.receive(ring.ship(_message(0, 1)))
+    _received(rings, ring.ship(_message(0, 1)))
     other = _rows(1, width=17 if differ == "width" else 9)
     if differ == "dtype":
         other.tokens = other.tokens.astype(np.uint32)
     sent = [("batch", 1, 0, _rows(0, width=9), {}, None, None), ("batch", 1, 1, other, {}, None, None)]
     shipped = ring.ship(sent)
     assert shipped[0] == "whole"
-    _same(rings.receive(shipped)[1][3], other)
+    _same(_received(rings, shipped)[1][3], other)
     assert ring.ship(_message(2, 2))[0] == "ring"  # the slot it did not take is still free
 
 
@@ -106,12 +135,12 @@ def _copy(rows: RowBatch) -> RowBatch:
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
 def test_token_dtypes_survive(dtype):
     ring, rings = _Ring(0, slots=2, slot_bytes=8192), _Rings()
-    rings.receive(ring.ship(_message(0, 1)))
+    _received(rings, ring.ship(_message(0, 1)))
     sent = _message(1, 2)
     for item in sent:
         item[3].tokens = item[3].tokens.astype(dtype)
     expected = [_copy(item[3]) for item in sent]
-    got = rings.receive(ring.ship(sent))
+    got = _received(rings, ring.ship(sent))
     for g, e in zip(got, expected):
         _same(g[3], e)
 
@@ -156,3 +185,112 @@ def test_workers_started_without_fork_hand_over_the_same_batches(tmp_path, conte
     got = take(loader(ds, num_workers=2, batch_size=4, multiprocessing_context=context))
     assert len(reference) > 20
     assert_batches_equal(got, reference)
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_every_slot_is_released_in_a_pass_with_workers(tmp_path, monkeypatch, depth):
+    """Each worker's messages after its first go through the ring: a slot the main process
+    did not release would make a later message wait and travel whole. The batches are the
+    clock's (each logical worker's pipeline by hand), with the device feed's thread
+    (``depth``) running ahead of the training thread or not."""
+    from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+    from test_head_start import _by_hand
+
+    import streamforge.workers as workers
+
+    monkeypatch.setattr(_Ring, "WAIT", 0.05)  # forked with it: a missing release shows at once
+    kinds = []
+    real = _Rings.receive
+
+    def spy(self, message):
+        kinds.append(message[0] if isinstance(message, tuple) else "end")
+        return real(self, message)
+
+    monkeypatch.setattr(workers._Rings, "receive", spy)
+    ds = dataset(make_corpus(tmp_path, np.random.default_rng(5)), seq_len=32)
+    got = take(loader(ds, num_workers=2, device_prefetch=depth, multiprocessing_context="fork"))
+    assert_batches_equal(got, _by_hand(ds, 2, len(got)))
+    assert kinds.count("whole") == 2 and kinds.count("ring") >= 6, kinds
+
+
+def _exits_on(monkeypatch) -> list:
+    """The threads ``_shutdown_workers`` runs on, in order; off the main thread it takes
+    0.3 s longer, so that a fork that does not wait for it meets it running."""
+    import time
+
+    from torch.utils.data import dataloader
+
+    threads = []
+    real = dataloader._MultiProcessingDataLoaderIter._shutdown_workers
+
+    def spy(self):
+        if not self._shutdown:
+            threads.append(threading.current_thread())
+            if threading.current_thread() is not threading.main_thread():
+                time.sleep(0.3)
+        return real(self)
+
+    monkeypatch.setattr(dataloader._MultiProcessingDataLoaderIter, "_shutdown_workers", spy)
+    return threads
+
+
+def test_a_pass_ends_without_waiting_for_its_workers_to_exit(tmp_path, monkeypatch):
+    """At the end of a pass the worker processes are stopped and joined on a thread of their
+    own; the next iteration joins that thread before it forks its workers, and an iteration
+    left early stops its workers before the loop goes on."""
+    from pipeline_helpers import dataset, loader, make_corpus, take
+
+    import streamforge.workers as workers
+
+    exits = _exits_on(monkeypatch)
+    at_fork = []
+    real_start = workers._start_workers
+
+    def start(dl):
+        at_fork.append([t.name for t in threading.enumerate() if t.name == "streamforge-workers-exit"])
+        return real_start(dl)
+
+    monkeypatch.setattr(workers, "_start_workers", start)
+    ds = dataset(make_corpus(tmp_path, np.random.default_rng(6)), seq_len=32)
+    ld = loader(ds, num_workers=2)
+    assert len(take(ld)) > 10  # a whole pass
+    assert [t.name for t in exits] == ["streamforge-workers-exit"]
+    assert len(take(ld, 5)) == 5  # the next pass, left early
+    assert exits[1] is threading.main_thread()
+    assert at_fork == [[], []]
+    workers._join_exits()
+    assert not workers._exits
+
+
+def test_the_interpreter_exits_after_joining_the_workers_of_its_last_pass(tmp_path):
+    """A script whose last act is a pass with workers exits cleanly, its worker processes
+    reaped before it ends."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from pipeline_helpers import make_corpus
+
+    corpus = {name: (url, None) for name, (url, _) in make_corpus(tmp_path, np.random.default_rng(7)).items()}
+    script = f"""
+import json, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from pipeline_helpers import dataset, loader, take
+import streamforge.workers as workers
+pids = []
+real = workers._start_workers
+def start(dl):
+    it = real(dl)
+    pids.extend(w.pid for w in it._workers)
+    return it
+workers._start_workers = start
+n = len(take(loader(dataset({corpus!r}, seq_len=32), num_workers=2)))
+print(json.dumps({{"batches": n, "pids": pids}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["batches"] > 10 and len(out["pids"]) == 2
+    for pid in out["pids"]:  # reaped by the script (a child left over would be re-parented)
+        assert not os.path.exists(f"/proc/{pid}"), pid
