@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from streamforge.batch import RowBatch
-from streamforge.workers import _Ring, _Rings, _start_workers
+from streamforge.workers import _Ring, _Rings, _shared_bytes, _start_workers
 
 
 def _rows(seed: int, pieces: int = 3, rows: int = 2, width: int = 9) -> RowBatch:
@@ -82,6 +82,17 @@ def test_tokens_are_read_in_the_slot_until_it_is_released(monkeypatch):
     assert not np.array_equal(items[0][3].tokens, expected[0].tokens)
     for g, e in zip(items, expected):  # the pieces stay as they were
         assert np.array_equal(g[3].record, e.record) and np.array_equal(g[3].start, e.start)
+
+
+@pytest.mark.parametrize("allocated_shared", [True, False])
+def test_a_ring_is_zeroed_shared_memory(monkeypatch, allocated_shared):
+    """The ring is allocated in shared memory (or, with a torch that cannot, shared after)
+    and its header starts at zero: no message acknowledged."""
+    if not allocated_shared:
+        monkeypatch.setattr(torch.UntypedStorage, "_new_shared", None, raising=False)
+    ring = _shared_bytes((1 << 20) + 3)
+    assert ring.is_shared() and ring.dtype == torch.uint8 and ring.numel() == (1 << 20) + 3
+    assert not ring.any()
 
 
 def test_a_message_larger_than_a_slot_travels_whole():
