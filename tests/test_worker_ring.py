@@ -275,7 +275,8 @@ def test_a_pass_ends_without_waiting_for_its_workers_to_exit(tmp_path, monkeypat
 
 def test_the_interpreter_exits_after_joining_the_workers_of_its_last_pass(tmp_path):
     """A script whose last act is a pass with workers exits cleanly, its worker processes
-    reaped before it ends."""
+    reaped before it ends. Its workers inherit ``numpy.random`` from it (imported before the
+    fork), where each would otherwise import it when torch seeds numpy in it."""
     import json
     import os
     import subprocess
@@ -289,19 +290,21 @@ import json, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from pipeline_helpers import dataset, loader, take
 import streamforge.workers as workers
-pids = []
+pids, before, at_fork = [], "numpy.random" in sys.modules, []
 real = workers._start_workers
 def start(dl):
     it = real(dl)
+    at_fork.append("numpy.random" in sys.modules)
     pids.extend(w.pid for w in it._workers)
     return it
 workers._start_workers = start
 n = len(take(loader(dataset({corpus!r}, seq_len=32), num_workers=2)))
-print(json.dumps({{"batches": n, "pids": pids}}))
+print(json.dumps({{"batches": n, "pids": pids, "numpy.random": [before, at_fork]}}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["batches"] > 10 and len(out["pids"]) == 2
+    assert out["numpy.random"] == [False, [True]]
     for pid in out["pids"]:  # reaped by the script (a child left over would be re-parented)
         assert not os.path.exists(f"/proc/{pid}"), pid
