@@ -14,9 +14,9 @@ A batch's arrays do not travel through the queue's pipe: each worker process wri
 a ring of shared memory (``_Ring``, handed to the main process once, with the first message
 that uses it) and the message carries where they are; the main process copies out the small
 piece columns, reads the tokens where they lie (they are read once, by ``expand``) and
-acknowledges the slot once it has handed on the message's last batch. The pipe then carries about 1 KB per batch instead of the batch's
-tokens, and a message costs no shared-memory hand-over of its own (about 4 ms each, as a
-shared tensor per message was measured to cost). A message is written field by field (each
+acknowledges the slot once it has handed on the message's last batch. The pipe then carries
+about 1 KB per batch instead of the batch's tokens, and a message costs no shared-memory
+hand-over of its own (about 4 ms each, as a shared tensor per message was measured to cost). A message is written field by field (each
 field of all its batches end to end), so shipping and receiving it costs a copy per field,
 not per array. A worker's first message, and one that cannot get a slot in time, travel
 whole, pickled.
@@ -300,8 +300,8 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
     take = getattr(iterator, "_next_data", iterator.__next__)
     rings = _Rings()
     # messages arrive in torch's round-robin over workers, each holding several batches of
-    # one logical worker; batch i of the pass comes from logical worker i % W
-    # (a message's release, its batches not handed on yet) travels with each of them
+    # one logical worker; batch i of the pass comes from logical worker i % W. Each batch
+    # waits with its message's [release, batches of it not handed on yet]
     pending: list[deque] = [deque() for _ in range(job.num_logical)]
     expected = job.rotation
     try:
@@ -350,7 +350,11 @@ def _exit_in_background(iterator) -> None:
 
     thread = threading.Thread(target=run, name="streamforge-workers-exit", daemon=True)
     _exits.add(thread)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # no new thread now (the interpreter is shutting down): stop them here
+        _exits.discard(thread)
+        iterator._shutdown_workers()
 
 
 @atexit.register

@@ -308,3 +308,22 @@ print(json.dumps({{"batches": n, "pids": pids, "numpy.random": [before, at_fork]
     assert out["numpy.random"] == [False, [True]]
     for pid in out["pids"]:  # reaped by the script (a child left over would be re-parented)
         assert not os.path.exists(f"/proc/{pid}"), pid
+
+
+def test_workers_are_stopped_in_place_when_no_thread_can_start(tmp_path, monkeypatch):
+    """Where no new thread can start (the interpreter is shutting down), the pass stops and
+    joins its workers itself."""
+    from pipeline_helpers import dataset, loader, make_corpus, take
+
+    exits = _exits_on(monkeypatch)
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == "streamforge-workers-exit":
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    ds = dataset(make_corpus(tmp_path, np.random.default_rng(8)), seq_len=32)
+    assert len(take(loader(ds, num_workers=2))) > 10
+    assert exits == [threading.main_thread()]
