@@ -30,6 +30,9 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import urllib3
+from botocore.awsrequest import AWSRequest
+
 from .config import RetryPolicy
 from .objstore import error_for_status, s3_path
 
@@ -88,7 +91,6 @@ class S3HttpReader:
         return pool
 
     def _make_pool(self, proxy: str | None):
-        import urllib3
         from botocore.httpsession import get_cert_path
 
         settings = {"num_pools": 8, "maxsize": 16, "retries": False,
@@ -123,16 +125,12 @@ class S3HttpReader:
     def _request(self, method: str, path: str, headers: dict[str, str] | None = None):
         """One answered request, or the builtin error streamforge's retry sorts (a 404 is a
         ``FileNotFoundError``, a 403 a ``PermissionError``, no answer a ``ConnectionError``)."""
-        import urllib3
-
         bucket, _, key = self._strip_protocol(path).partition("/")
         url = self.url(bucket, key)
         pool = self._http(url)
         where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
         headers = dict(headers or {})
         if self._signer is not None:
-            from botocore.awsrequest import AWSRequest
-
             request = AWSRequest(method=method, url=url, headers=headers)
             self._signer.add_auth(request)
             headers = dict(request.headers.items())
