@@ -450,6 +450,7 @@ class WorkerPipeline:
         ``(pass, records)`` per stream), at a window boundary; used by statistical resume."""
         for buffer, (pass_idx, records) in zip(self.buffers, positions):
             buffer.seek(pass_idx, records)
+        self.interleaver.forget_schedule()
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"truncated_tokens": self.packer.truncated_tokens, "padded_rows": self.padded_rows}

@@ -30,6 +30,7 @@ from .shuffle import DocRun, ShuffleBuffer
 
 _KEYS = ("emitted", "current", "phase", "sources")
 _LOOKAHEAD = 64  # documents after its current one a stream shows a schedule (a longer run is just split)
+_STRETCH = 1 << 62  # budget of a stretch of the schedule: every document the streams' windows show
 _NONE = np.zeros(0, np.int64)
 _ZERO = np.zeros(1, np.int64)
 
@@ -55,6 +56,7 @@ class Interleaver:
             self.emitted[self.current] = self.sources[self.current].remaining() or 0
         self.active = [w > 0 and not x for w, x in zip(self.weights, self.exhausted)]
         self._mixing = sum(self.active) > 1  # two streams or more to schedule between
+        self._stretch = None
 
     def set_step(self, step: int) -> None:
         """The global step of the batch about to be built: switch phase if it starts one."""
@@ -81,6 +83,7 @@ class Interleaver:
             self.active[best] = False
             self.exhausted[best] = True
             self._mixing = sum(self.active) > 1
+            self._stretch = None
 
     def next_stream(self) -> int:
         """The stream the next token comes from (committing to a new document if needed)."""
@@ -90,7 +93,18 @@ class Interleaver:
                 return -1
             self.current = stream
             self.emitted[stream] += self.sources[stream].doc_length()
+            stretch = self._stretch
+            # ``_pick`` follows the schedule the stretch holds, so it picks the stretch's next
+            # document (as ``peek_token`` between batches does) and the stretch stays
+            if stretch is not None and not (stretch[0][stretch[2]] == stream
+                                            and stretch[1][stretch[2]] == self.sources[stream].remaining()):
+                self._stretch = None
         return self.current
+
+    def forget_schedule(self) -> None:
+        """Drop the stretch of the schedule computed ahead: the streams were moved from outside
+        (``WorkerPipeline.seek``)."""
+        self._stretch = None
 
     def take(self, n: int):
         """Up to ``n`` tokens of the current document, as ``(stream, tokens, shard, record,
@@ -98,6 +112,7 @@ class Interleaver:
         stream = self.next_stream()
         if stream < 0:
             return None
+        self._stretch = None
         source = self.sources[stream]
         source.remaining()
         tokens, shard, record, token_start, done = source.take(n)
@@ -114,17 +129,56 @@ class Interleaver:
         With two or more streams the schedule hands over every document or two, so such runs
         are short and a pick, a look-ahead and a run per document would cost more than the
         tokens: where the streams' windows hold the documents, a whole stretch of the
-        schedule is computed at once (``_schedule``), taken as one run per stream and handed
-        out as one run whose pieces carry their streams (stream -1, ``DocRun.streams``).
+        schedule is computed at once (``_schedule``, kept across calls by ``_planned``), taken
+        as one run per stream and handed out as one run whose pieces carry their streams
+        (stream -1, ``DocRun.streams``).
         """
         if self._mixing:
-            plan = self._schedule(n)
+            plan = self._planned(n)
             if plan is not None:
                 return self._take_plan(*plan)
+        self._stretch = None
         stream = self.next_stream()
         if stream < 0:
             return None
         return stream, self._take(stream, n, 1 + self._extra_docs(stream, self.sources[stream]))
+
+    def _planned(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``_schedule(n)``, cut from a longer stretch of the schedule computed once for every
+        document the streams' windows show (``_stretch``: streams, tokens left, next entry).
+
+        The schedule's picks are a sorted merge of ratios that consuming a document does not
+        change for the documents after it (each is its stream's emitted tokens plus the
+        lengths picked before it, over the weight), so a stretch computed ahead is the
+        prefix a fresh ``_schedule`` would compute at any later point, for as long as it
+        lasts; it is computed afresh when it cannot fill ``n`` (the windows may show more by
+        then), and dropped whenever the counters move otherwise (a phase, a pick made one
+        document at a time, a stream run out, a restore). A batch then costs a slice and a
+        cumsum instead of the schedule's two dozen numpy calls.
+        """
+        stretch = self._stretch
+        if stretch is not None:
+            filled = np.cumsum(stretch[1][stretch[2]:])
+        if stretch is None or filled[-1] < n:
+            plan = self._schedule(_STRETCH)
+            if plan is None:
+                self._stretch = None
+                return None
+            stretch = (plan[0], plan[1], 0)
+            filled = np.cumsum(plan[1])
+        streams, left, at = stretch
+        last = min(int(np.searchsorted(filled, n)), len(filled) - 1)  # fills the budget
+        stop = at + last + 1
+        part = left[at:stop].copy()
+        taken = part.copy()
+        over = max(0, int(filled[last]) - n)
+        taken[last] -= over
+        if over:  # the last document is cut: its rest opens the next plan
+            left[stop - 1] = over
+            self._stretch = (streams, left, stop - 1)
+        else:
+            self._stretch = (streams, left, stop) if stop < len(left) else None
+        return streams[at:stop], part, taken
 
     def _take(self, stream: int, n: int, max_docs: int) -> DocRun:
         """A run of up to ``n`` tokens from at most ``max_docs`` documents of ``stream``, the
