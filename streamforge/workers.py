@@ -16,10 +16,10 @@ that uses it) and the message carries where they are; the main process copies ou
 piece columns, reads the tokens where they lie (they are read once, by ``expand``) and
 acknowledges the slot once it has handed on the message's last batch. The pipe then carries
 about 1 KB per batch instead of the batch's tokens, and a message costs no shared-memory
-hand-over of its own (about 4 ms each, as a shared tensor per message was measured to cost). A message is written field by field (each
-field of all its batches end to end), so shipping and receiving it costs a copy per field,
-not per array. A worker's first message, and one that cannot get a slot in time, travel
-whole, pickled.
+hand-over of its own (about 4 ms each, as a shared tensor per message was measured to
+cost). A message is written field by field (each field of all its batches end to end), so
+shipping and receiving it costs a copy per field, not per array. A worker's first message,
+and one that cannot get a slot in time, travel whole, pickled.
 
 At the end of a pass the workers are stopped and joined on a thread of their own
 (``_exit_in_background``): a worker process takes 10-15 ms to exit, which the pass no longer
@@ -287,6 +287,22 @@ def per_message(batch_size: int, seq_len: int, itemsize: int, message_bytes: int
     return max(1, min(32, message_bytes // max(1, batch_size * (seq_len + 1) * itemsize)))
 
 
+class _Received:
+    """A message in the main process: its slot's release (None where it travelled whole) and
+    how many of its batches are not handed on yet."""
+
+    __slots__ = ("release", "left")
+
+    def __init__(self, release: Callable[[], None] | None, batches: int) -> None:
+        self.release, self.left = release, batches
+
+    def handed_on(self) -> None:
+        """One more of its batches was handed on; after the last, the slot is released."""
+        self.left -= 1
+        if self.left == 0 and self.release is not None:
+            self.release()
+
+
 def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_factor: int, context) -> Iterator[tuple]:
     """``left`` batches (None: no end) from ``num_workers`` DataLoader worker processes."""
     loader = DataLoader(
@@ -301,7 +317,7 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
     rings = _Rings()
     # messages arrive in torch's round-robin over workers, each holding several batches of
     # one logical worker; batch i of the pass comes from logical worker i % W. Each batch
-    # waits with its message's [release, batches of it not handed on yet]
+    # waits with its message (``_Received``), whose slot is released after its last batch
     pending: list[deque] = [deque() for _ in range(job.num_logical)]
     expected = job.rotation
     try:
@@ -309,7 +325,7 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
             waiting = pending[expected]
             while not waiting:
                 items, release = rings.receive(take())
-                message = [release, len(items)]
+                message = _Received(release, len(items))
                 for item in items:
                     pending[item[1]].append((item, message))
             (kind, logical, step, rows, state, stats, skipped), message = waiting.popleft()
@@ -319,9 +335,7 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
             expected = (expected + 1) % job.num_logical
             yield logical, step, rows, state, stats, skipped
             # the caller asks for the next batch once it has expanded this one (or dropped it)
-            message[1] -= 1
-            if message[1] == 0 and message[0] is not None:
-                message[0]()
+            message.handed_on()
     except BaseException:
         iterator._shutdown_workers()  # a failure: the workers are gone when it propagates
         raise
