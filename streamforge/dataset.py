@@ -397,14 +397,15 @@ class WorkerPipeline:
         """The global step of the next batch this pipeline builds."""
         return self.first_step + self.batches * self.num_workers + self.worker
 
-    def next_batch(self, num_rows: int) -> RowBatch | None:
+    def next_batch(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         """The next batch, or None when this worker's share of the pass is done. With a
         quota, a batch the data cannot fill (records skipped as damaged) is padded to full
-        shape, counted in ``stats()["padded_rows"]``, so every rank still has every step."""
+        shape, counted in ``stats()["padded_rows"]``, so every rank still has every step.
+        ``out``: where to build the tokens, if the batch fits (``Packer.next_rows``)."""
         if self.quota is not None and self.batches >= self.quota:
             return None
         self.interleaver.set_step(self.first_step + self.batches * self.num_workers + self.worker)
-        rows = self.packer.next_rows(num_rows)
+        rows = self.packer.next_rows(num_rows, out)
         if self.quota is not None:
             got = 0 if rows is None else rows.num_rows
             if got < num_rows:

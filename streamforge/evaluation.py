@@ -333,12 +333,16 @@ class EvalPipeline:
     def step(self) -> int:
         return self.first_step + self.batches * self.num_workers + self.worker
 
-    def next_batch(self, num_rows: int) -> RowBatch | None:
+    def next_batch(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         if self.batches >= self.quota:
             return None
         cfg = self.dataset.config
         T = cfg.seq_len
-        tokens = np.full((num_rows, T + 1), cfg.pad_id, self.dataset.token_dtype)
+        if out is None:
+            tokens = np.full((num_rows, T + 1), cfg.pad_id, self.dataset.token_dtype)
+        else:
+            tokens = out
+            tokens.fill(cfg.pad_id)
         lookahead = np.zeros(num_rows, bool)
         parts: list[tuple] = []
         r = 0

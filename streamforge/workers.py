@@ -18,8 +18,9 @@ acknowledges the slot once it has handed on the message's last batch. The pipe t
 about 1 KB per batch instead of the batch's tokens, and a message costs no shared-memory
 hand-over of its own (about 4 ms each, as a shared tensor per message was measured to
 cost). A message is written field by field (each field of all its batches end to end), so
-shipping and receiving it costs a copy per field, not per array. A worker's first message,
-and one that cannot get a slot in time, travel whole, pickled.
+shipping and receiving it costs a copy per field, not per array; the tokens, the largest
+field, are built in the slot in the first place where it is free (``_Ring.tokens_out``). A
+worker's first message, and one that cannot get a slot in time, travel whole, pickled.
 
 At the end of a pass the workers are stopped and joined on a thread of their own
 (``_exit_in_background``): a worker process takes 10-15 ms to exit, which the pass no longer
@@ -134,12 +135,14 @@ class _WorkerBatches(IterableDataset):
         logical = (info.id + job.rotation) % job.num_logical
         pipeline = job.pipeline(logical)
         ring = _Ring(info.id, self.ring_slots, job.slot_bytes())
+        rows_shape = (job.batch_size, job.dataset.config.seq_len + 1)
         message: list[tuple] = []
         size = 1  # the first message holds one batch, the next ones twice as many, up to per_message
         try:
             while True:
                 step = pipeline.step
-                rows = pipeline.next_batch(job.batch_size)
+                out = ring.tokens_out(len(message), rows_shape, job.dataset.token_dtype)
+                rows = pipeline.next_batch(job.batch_size, out)
                 if rows is None:
                     break
                 message.append(("batch", logical, step, rows, pipeline.state_dict(), None, None))
@@ -177,14 +180,36 @@ class _Ring:
         self.sent = 0  # messages through the ring
         self.messages = 0  # messages in all
         self.announced = False
+        self.packing = False  # the message being built has its tokens built in its slot
+
+    def _allocate(self) -> None:
+        self.shared = _shared_bytes(self.HEADER + self.slots * self.slot_bytes)
+        self.memory = self.shared.numpy()
+        header = self.memory[: self.HEADER].view(np.int64)
+        header[1], header[2] = self.slots, self.slot_bytes  # read by the main process
+        self.acked = header[:1]
+
+    def tokens_out(self, index: int, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray | None:
+        """Where batch ``index`` of the message being built should build its tokens: its place
+        in the next slot (tokens are the slot's first field), so that ``ship`` finds them
+        there and copies none; None for a message that travels whole (the first) or whose slot
+        is not free yet (its tokens are then copied in, as ever). The slot is chosen at the
+        message's first batch, without waiting."""
+        if index == 0:
+            if self.shared is None and self.messages > 0:
+                self._allocate()
+            self.packing = self.shared is not None and self.sent - int(self.acked[0]) < self.slots
+        if not self.packing:
+            return None
+        nbytes = math.prod(shape) * dtype.itemsize
+        at = self.HEADER + (self.sent % self.slots) * self.slot_bytes + index * nbytes
+        if (index + 1) * nbytes > self.slot_bytes:
+            return None
+        return self.memory[at : at + nbytes].view(dtype).reshape(shape)
 
     def _free_slot(self) -> bool:
         if self.shared is None:
-            self.shared = _shared_bytes(self.HEADER + self.slots * self.slot_bytes)
-            self.memory = self.shared.numpy()
-            header = self.memory[: self.HEADER].view(np.int64)
-            header[1], header[2] = self.slots, self.slot_bytes  # read by the main process
-            self.acked = header[:1]
+            self._allocate()
         deadline = None
         while self.sent - int(self.acked[0]) >= self.slots:
             now = time.monotonic()
@@ -205,7 +230,7 @@ class _Ring:
         sizes = [sum(a.nbytes for a in arrays) for arrays in fields]
         self.messages += 1
         if self.messages == 1 or sum(sizes) + _ALIGN * len(sizes) > self.slot_bytes or not self._free_slot():
-            return ("whole", message)
+            return ("whole", self._detached(message))
         base = self.HEADER + (self.sent % self.slots) * self.slot_bytes
         at, layout = 0, []
         for arrays, nbytes in zip(fields, sizes):
@@ -215,16 +240,40 @@ class _Ring:
             shape = (sum(lengths),) + first.shape[1:]
             try:  # batches of other dtypes or row widths cannot lie end to end
                 out = self.memory[base + at : base + at + nbytes].view(first.dtype).reshape(shape)
-                np.concatenate(arrays, out=out, casting="no")
+                if not (at == 0 and self.packing and _in_place(arrays, out)):
+                    np.concatenate(arrays, out=out, casting="no")  # an input in place is copied right
             except (ValueError, TypeError):
-                return ("whole", message)
+                return ("whole", self._detached(message))
             layout.append((at, shape, first.dtype.str, lengths))
             at += nbytes
+        self.packing = False
         shared = None if self.announced else self.shared
         self.announced = True
         self.sent += 1
         items = [item[:3] + (None,) + item[4:] for item in message]
         return ("ring", self.worker, self.sent - 1, shared, at, items, layout)
+
+
+    def _detached(self, message: list[tuple]) -> list[tuple]:
+        """``message`` to travel whole: tokens built in the slot are copied out, as the slot is
+        written again before the queue's thread pickles the message."""
+        if self.packing:
+            self.packing = False
+            for i, item in enumerate(message):
+                rows = item[3]
+                if np.shares_memory(rows.tokens, self.memory):
+                    message[i] = item[:3] + (dataclasses.replace(rows, tokens=rows.tokens.copy()),) + item[4:]
+        return message
+
+
+def _in_place(arrays: list[np.ndarray], out: np.ndarray) -> bool:
+    """Whether ``arrays`` lie end to end where ``out`` starts, as ``concatenate`` would put them."""
+    at = out.__array_interface__["data"][0]
+    for a in arrays:
+        if not a.flags.c_contiguous or a.__array_interface__["data"][0] != at:
+            return False
+        at += a.nbytes
+    return True
 
 
 def _shared_bytes(nbytes: int) -> torch.Tensor:

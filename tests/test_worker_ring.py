@@ -1,6 +1,7 @@
 """Worker processes: the shared-memory ring that carries their batches to the main process,
 and how they are started."""
 
+import dataclasses
 import gc
 import threading
 
@@ -82,6 +83,71 @@ def test_tokens_are_read_in_the_slot_until_it_is_released(monkeypatch):
     assert not np.array_equal(items[0][3].tokens, expected[0].tokens)
     for g, e in zip(items, expected):  # the pieces stay as they were
         assert np.array_equal(g[3].record, e.record) and np.array_equal(g[3].start, e.start)
+
+
+def _built_in_slot(ring: _Ring, sent: list[tuple]) -> list[tuple]:
+    """``sent`` with each batch's tokens built where ``tokens_out`` says, as a worker builds them."""
+    out = []
+    for j, item in enumerate(sent):
+        place = ring.tokens_out(j, item[3].tokens.shape, item[3].tokens.dtype)
+        assert place is not None, f"batch {j}: no place in the slot"
+        place[...] = item[3].tokens
+        out.append(item[:3] + (dataclasses.replace(item[3], tokens=place),) + item[4:])
+    return out
+
+
+def test_tokens_built_in_their_slot_travel_without_another_copy(monkeypatch):
+    """A worker builds a message's tokens in the slot it will go through: ``ship`` copies its
+    other fields only, and the main process reads the same batches."""
+    ring, rings = _Ring(0, slots=2, slot_bytes=4096), _Rings()
+    assert ring.tokens_out(0, (2, 9), np.dtype(np.uint16)) is None  # the first message travels whole
+    _received(rings, ring.ship(_message(0, 1)))
+    for seed in (1, 2, 3):  # through both slots, and the first again once released
+        sent = _message(seed, 3)
+        expected = [_copy(item[3]) for item in sent]
+        built = _built_in_slot(ring, sent)
+        copies = []
+        real = np.concatenate
+
+        def spy(arrays, **kw):
+            copies.append(arrays[0].dtype)
+            return real(arrays, **kw)
+
+        monkeypatch.setattr(np, "concatenate", spy)
+        shipped = ring.ship(built)
+        monkeypatch.undo()
+        assert shipped[0] == "ring"
+        assert len(copies) == len(RowBatch.__dataclass_fields__) - 1 and np.dtype(np.uint16) not in copies
+        for g, e in zip(_received(rings, shipped), expected):
+            _same(g[3], e)
+
+
+def test_a_message_built_in_its_slot_that_travels_whole_keeps_its_tokens(monkeypatch):
+    """Tokens built in the slot are copied out of it when their message travels whole (here:
+    its pieces do not fit), since the queue pickles it after the slot is written again."""
+    monkeypatch.setattr(_Ring, "WAIT", 0.05)
+    ring, rings = _Ring(0, slots=2, slot_bytes=512), _Rings()
+    _received(rings, ring.ship(_message(0, 1)))
+    sent = _message(1, 2, pieces=20)
+    expected = [_copy(item[3]) for item in sent]
+    shipped = ring.ship(_built_in_slot(ring, sent))
+    assert shipped[0] == "whole"
+    assert not any(np.shares_memory(item[3].tokens, ring.memory) for item in shipped[1])
+    _built_in_slot(ring, _message(2, 2))  # the same slot, written again
+    for g, e in zip(_received(rings, shipped), expected):
+        _same(g[3], e)
+
+
+def test_no_place_in_a_slot_not_released_yet(monkeypatch):
+    """A message whose slot the main process still holds builds its tokens on its own (and
+    waits for the slot at ``ship``, as ever)."""
+    monkeypatch.setattr(_Ring, "WAIT", 0.05)
+    ring, rings = _Ring(0, slots=2, slot_bytes=4096), _Rings()
+    _received(rings, ring.ship(_message(0, 1)))
+    held = [rings.receive(ring.ship(_built_in_slot(ring, _message(seed, 1)))) for seed in (1, 2)]
+    assert ring.tokens_out(0, (2, 9), np.dtype(np.uint16)) is None
+    held[0][1]()
+    assert ring.tokens_out(0, (2, 9), np.dtype(np.uint16)) is not None
 
 
 @pytest.mark.parametrize("allocated_shared", [True, False])
@@ -327,3 +393,23 @@ def test_workers_are_stopped_in_place_when_no_thread_can_start(tmp_path, monkeyp
     ds = dataset(make_corpus(tmp_path, np.random.default_rng(8)), seq_len=32)
     assert len(take(loader(ds, num_workers=2))) > 10
     assert exits == [threading.main_thread()]
+
+
+@pytest.mark.parametrize("packing", ["concat", "bestfit", "pad"])
+def test_a_pipeline_builds_its_tokens_where_it_is_told(tmp_path, packing):
+    """``next_batch(out=...)`` gives the batch it gives without, its tokens in ``out``, to the
+    pass's end (where a short or padded batch gets its own array), whatever ``out`` held."""
+    from pipeline_helpers import dataset, make_corpus
+
+    ds = dataset(make_corpus(tmp_path, np.random.default_rng(3)), seq_len=32, packing=packing)
+    plain, told = ds.make_pipeline(0, 1), ds.make_pipeline(0, 1)
+    shape, placed = (4, 33), 0
+    while True:
+        out = np.full(shape, 777, ds.token_dtype)
+        want, got = plain.next_batch(4), told.next_batch(4, out)
+        if want is None:
+            assert got is None
+            break
+        _same(got, want)
+        placed += np.shares_memory(got.tokens, out)
+    assert placed > 0

@@ -34,8 +34,12 @@ MODES = ("concat", "bestfit", "pad")
 class _Rows:
     """Accumulates rows and their pieces, then freezes them into a RowBatch."""
 
-    def __init__(self, num_rows: int, seq_len: int, dtype: np.dtype, pad_id: int) -> None:
-        self.tokens = np.full((num_rows, seq_len + 1), pad_id, dtype)
+    def __init__(self, num_rows: int, seq_len: int, dtype: np.dtype, pad_id: int, out: np.ndarray | None = None) -> None:
+        if out is None:
+            self.tokens = np.full((num_rows, seq_len + 1), pad_id, dtype)
+        else:
+            self.tokens = out
+            out.fill(pad_id)
         self.lookahead = np.zeros(num_rows, bool)
         self.pieces: list[tuple] = []
         self.count = 0
@@ -123,11 +127,13 @@ class Packer:
         self._rows_emitted = 0
 
     # -- public ----------------------------------------------------------------------------
-    def next_rows(self, num_rows: int) -> RowBatch | None:
-        """Up to ``num_rows`` rows (fewer only at the end of a finite pass); None when done."""
+    def next_rows(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
+        """Up to ``num_rows`` rows (fewer only at the end of a finite pass); None when done.
+        ``out``: a ``[num_rows, seq_len + 1]`` array of the token dtype to build the rows'
+        tokens in (a worker's ring slot); a batch it does not fit gets its own."""
         if self.mode == "concat":
-            return self._concat_rows(num_rows)
-        out = _Rows(num_rows, self.seq_len, self.dtype, self.pad_id)
+            return self._concat_rows(num_rows, out)
+        out = _Rows(num_rows, self.seq_len, self.dtype, self.pad_id, out)
         fill = {"bestfit": self._fill_bestfit, "pad": self._fill_pad}[self.mode]
         while out.count < num_rows and fill(out):
             out.count += 1
@@ -136,12 +142,12 @@ class Packer:
         return out.freeze()
 
     # -- concat ----------------------------------------------------------------------------
-    def _concat_rows(self, num_rows: int) -> RowBatch | None:
+    def _concat_rows(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         """``num_rows`` rows cut from the token stream in one go: take ``num_rows * T``
         tokens as a few runs, then split the runs' pieces at row boundaries (vectorized)."""
         T = self.seq_len
         need = num_rows * T
-        tokens = np.empty((num_rows, T + 1), self.dtype)
+        tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
         tokens[:, T] = self.pad_id
         flat = tokens[:, :T].reshape(-1) if num_rows == 1 else np.empty(need, self.dtype)
         runs = []
