@@ -130,18 +130,18 @@ class _Layout:
 
 
 def _ranges_between(order, rec, rec_start, lo: int, hi: int) -> list[Range]:
-    """The (shard, start, stop) pieces of the record-space interval [lo, hi)."""
-    out: list[Range] = []
+    """The (shard, start, stop) pieces of the record-space interval [lo, hi): the shards whose
+    span meets it, each cut to it (one numpy step over them: a worker of a 1-worker pass of a
+    100,000-shard stream gets 100,000 ranges)."""
     if hi <= lo:
-        return out
-    j = int(np.searchsorted(rec_start, lo, side="right")) - 1
-    while j < len(rec) and rec_start[j] < hi:
-        start = max(lo, int(rec_start[j])) - int(rec_start[j])
-        stop = min(hi, int(rec_start[j + 1])) - int(rec_start[j])
-        if stop > start:
-            out.append((int(order[j]), start, stop))
-        j += 1
-    return out
+        return []
+    first = int(np.searchsorted(rec_start, lo, side="right")) - 1  # the shard holding record lo
+    end = min(int(np.searchsorted(rec_start, hi, side="left")), len(rec))  # shards starting before hi
+    begin = rec_start[first:end]
+    start = np.maximum(begin, lo) - begin
+    stop = np.minimum(rec_start[first + 1 : end + 1], hi) - begin
+    keep = stop > start
+    return list(zip(order[first:end][keep].tolist(), start[keep].tolist(), stop[keep].tolist()))
 
 
 def records_at(ranges: list[Range], fraction: float) -> int:

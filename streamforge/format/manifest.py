@@ -116,10 +116,8 @@ class Manifest:
         h = hashlib.sha256()
         head = [self.token_dtype, self.eos_id, self.docs_end_with_eos, self.num_shards]
         h.update(json.dumps(head).encode())
-        for name, digest, n in zip(
-            self.shard_names, self.shard_sha256, self.columns["num_records"].tolist()
-        ):
-            h.update(f"{name}:{digest}:{n};".encode())
+        rows = zip(self.shard_names, self.shard_sha256, self.columns["num_records"].tolist())
+        h.update("".join(f"{name}:{digest}:{n};" for name, digest, n in rows).encode())
         return h.hexdigest()[:32]
 
     # -- (de)serialization ----------------------------------------------------------------

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 INDEXES_AHEAD = 64
 HEAD_BYTES = 3 * FIRST_UNIT_BYTES  # a fresh start's first two units (``ramp``), read beside the index
 UNITS_IN_BUDGET = 4  # a fetch unit holds at most this fraction of the read-ahead budget
+_NEAR = 8  # planned ranges from the cursor on where a read looks first (``_plan_pos``)
 
 
 def _quietly(fn, *args) -> None:
@@ -46,7 +47,7 @@ class ReadAhead:
         self.source = source
         self.prefetcher: Prefetcher | None = None
         self._plan: list[tuple[int, int, int]] = []
-        self._plan_by_shard: dict[int, list[int]] = {}
+        self._plan_by_shard: dict[int, list[int]] | None = None
         self._plan_cursor = 0
         self._thread_local = threading.local()
         self._index_pool: DaemonPool | None = None
@@ -58,9 +59,7 @@ class ReadAhead:
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
         self._plan = [(int(s), int(a), int(b)) for s, a, b in ranges]
-        self._plan_by_shard = {}
-        for i, (s, _, _) in enumerate(self._plan):
-            self._plan_by_shard.setdefault(s, []).append(i)
+        self._plan_by_shard = None  # built by the first read not found near the cursor
         self._plan_cursor = 0
         self._ready.clear()
         self._head = None
@@ -85,8 +84,9 @@ class ReadAhead:
         first = len(self._plan)
         added = [(int(s), int(a), int(b)) for s, a, b in ranges]
         self._plan.extend(added)
-        for i, (s, _, _) in enumerate(added, first):
-            self._plan_by_shard.setdefault(s, []).append(i)
+        if self._plan_by_shard is not None:
+            for i, (s, _, _) in enumerate(added, first):
+                self._plan_by_shard.setdefault(s, []).append(i)
         if self.prefetcher is not None:
             self._indexes_ahead(added)
             self.prefetcher.extend(self._units(added, first))
@@ -275,7 +275,20 @@ class ReadAhead:
         return out
 
     def _plan_pos(self, shard: int, start: int) -> int | None:
-        """Index of the planned range holding record ``start`` of ``shard`` (searching forward)."""
+        """Index of the planned range holding record ``start`` of ``shard`` (searching forward).
+        Reads follow the plan, so it is found within a few ranges of the cursor; the plan's
+        ranges of each shard are indexed only for a read that is not (a plan of 100,000
+        ranges took 0.1 s to index)."""
+        plan = self._plan
+        for j in range(self._plan_cursor, min(self._plan_cursor + _NEAR, len(plan))):
+            s, a, b = plan[j]
+            if s == shard and a <= start < b:
+                self._plan_cursor = j
+                return j
+        if self._plan_by_shard is None:
+            self._plan_by_shard = {}
+            for i, (s, _, _) in enumerate(plan):
+                self._plan_by_shard.setdefault(s, []).append(i)
         idxs = self._plan_by_shard.get(shard)
         if not idxs:
             return None

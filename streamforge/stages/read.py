@@ -161,13 +161,11 @@ class ShardReader:
 
     def unread(self) -> list[Range]:
         """The ranges of the current pass from the cursor on (the reader's work left)."""
-        out = []
-        for i in range(self.range_idx, len(self.ranges)):
-            shard, start, stop = self.ranges[i]
-            start += self.offset if i == self.range_idx else 0
-            if stop > start:
-                out.append((shard, start, stop))
-        return out
+        rest = self.ranges[self.range_idx :]
+        if rest and self.offset:
+            shard, start, stop = rest[0]
+            rest[0] = (shard, start + self.offset, stop)
+        return [r for r in rest if r[2] > r[1]]
 
     def seek(self, pass_idx: int, records: int) -> None:
         """Put the cursor ``records`` records into this worker's ranges of ``pass_idx``."""

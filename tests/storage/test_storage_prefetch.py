@@ -72,6 +72,31 @@ def test_a_unit_holds_at_most_a_quarter_of_the_read_ahead(tmp_path, rng):
     source.close()
 
 
+def test_a_read_finds_its_place_in_the_plan_near_the_cursor_or_anywhere(tmp_path, rng):
+    """A read looks for its planned range a few ranges from the last one first; one far from
+    it (behind, or past them) is found all the same, and a range not planned is not."""
+    from pipeline_helpers import random_docs, write_stream
+
+    from streamforge.format.manifest import Manifest
+    from streamforge.format.reader import ShardSource
+    from streamforge.source.readahead import _NEAR
+    from streamforge.storage.config import StorageConfig
+    from streamforge.storage.fetch import ByteFetcher
+
+    url = str(tmp_path / "s")
+    write_stream(url, random_docs(rng, 300, 50), shard_size="4KiB", frame_size="1KiB")
+    source = ShardSource(Manifest.load(url), ByteFetcher(url), config=StorageConfig(prefetch_bytes=1 << 20))
+    plan = [(s, a, a + 1) for s, n in enumerate(source.manifest.columns["num_records"].tolist()) for a in range(n)]
+    assert len(plan) > 4 * _NEAR
+    ahead = source._readahead
+    ahead._plan, ahead._plan_by_shard, ahead._plan_cursor = plan, None, 0
+    for j in (0, 1, 3, 3 * _NEAR, len(plan) - 1, 2, 2 * _NEAR + 1):  # near, far ahead, far behind
+        shard, start, _ = plan[j]
+        assert ahead._plan_pos(shard, start) == j and ahead._plan_cursor == j
+    assert ahead._plan_pos(source.manifest.num_shards + 5, 0) is None
+    source.close()
+
+
 class _Frame(bytearray):
     """A frame buffer that can be watched with a weak reference."""
 
