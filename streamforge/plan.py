@@ -162,8 +162,8 @@ def trim_ranges(ranges: list[Range], records: int) -> list[Range]:
 
 # -- the plan of a pass ----------------------------------------------------------------------
 
-RangeCounts = Callable[[int, int, int, int], tuple[int, int]]
-"""``counts(stream, shard, start, stop) -> (tokens, non-empty documents)`` of a record range."""
+RangeTotals = Callable[[int, Sequence[Range]], tuple[int, int]]
+"""``totals(stream, ranges) -> (tokens, non-empty documents)`` of record ranges, summed."""
 
 
 class PassClock:
@@ -262,7 +262,7 @@ def steps_for(rows: Sequence[int], *, world_size: int, workers_per_rank: int, ba
 
 def build_pass_plan(
     stream_ranges: Sequence[list[list[Range]]],
-    counts: RangeCounts,
+    totals: RangeTotals,
     *,
     streams: Sequence[str],
     eos_appended: Sequence[bool],
@@ -280,10 +280,9 @@ def build_pass_plan(
     for g in range(n):
         tok = docs = 0
         for s, per_worker in enumerate(stream_ranges):
-            for shard, start, stop in per_worker[g]:
-                t, d = counts(s, shard, start, stop)
-                tok += t + (d if eos_appended[s] else 0)
-                docs += d
+            t, d = totals(s, per_worker[g])
+            tok += t + (d if eos_appended[s] else 0)
+            docs += d
         tokens.append(tok)
         rows.append(worker_rows(tok, docs, seq_len=seq_len, packing=packing))
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size)

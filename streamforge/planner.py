@@ -114,23 +114,29 @@ class Planner:
             ]
         self._prefetch_counts(per_stream)
         return build_pass_plan(
-            per_stream, self.counts, streams=self.names, eos_appended=eos_appended,
+            per_stream, self.totals, streams=self.names, eos_appended=eos_appended,
             pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=seq_len, packing=packing, first_step=first_step,
         )
 
     def counts(self, stream: int, shard: int, start: int, stop: int) -> tuple[int, int]:
         """(tokens, non-empty documents) of records ``start..stop-1`` of a shard, exactly."""
-        records, tokens, docs = self._columns(stream)
-        if docs is not None and start == 0 and stop == records[shard]:  # a whole shard
-            return tokens[shard], docs[shard]
-        tokens, docs = self._prefix_of(stream, shard)
-        return int(tokens[stop] - tokens[start]), int(docs[stop] - docs[start])
+        return self.totals(stream, ((shard, start, stop),))
 
-    def _needs_index(self, stream: int, shard: int, start: int, stop: int) -> bool:
-        records, _, docs = self._columns(stream)
-        whole = docs is not None and start == 0 and stop == records[shard]
-        return not whole and (stream, shard) not in self._prefix
+    def totals(self, stream: int, ranges) -> tuple[int, int]:
+        """(tokens, non-empty documents) of ``ranges`` of a stream, summed: a whole shard's
+        from the manifest, a part's from its record index (``_prefix_of``)."""
+        records, shard_tokens, shard_docs = self._columns(stream)
+        tokens = docs = 0
+        for shard, start, stop in ranges:
+            if shard_docs is not None and start == 0 and stop == records[shard]:
+                tokens += shard_tokens[shard]
+                docs += shard_docs[shard]
+            else:
+                prefix_tokens, prefix_docs = self._prefix_of(stream, shard)
+                tokens += int(prefix_tokens[stop] - prefix_tokens[start])
+                docs += int(prefix_docs[stop] - prefix_docs[start])
+        return tokens, docs
 
     def _columns(self, stream: int) -> tuple[list[int], list[int], list[int] | None]:
         """A stream's records, tokens and documents (None where the manifest has no counts)
@@ -147,14 +153,14 @@ class Planner:
 
     def _prefetch_counts(self, per_stream: list[list[list[Range]]]) -> None:
         """Read, in parallel, the record indexes the counts of this plan need."""
-        wanted = sorted({
-            (s, shard)
-            for s, workers in enumerate(per_stream)
-            for ranges in workers
-            for shard, a, b in ranges
-            if self._needs_index(s, shard, a, b)
-        })
-        self._read_prefixes(wanted)
+        wanted = set()
+        for s, workers in enumerate(per_stream):
+            records, _, docs = self._columns(s)
+            for ranges in workers:
+                for shard, a, b in ranges:  # a part of a shard, or a manifest without counts
+                    if (docs is None or a != 0 or b != records[shard]) and (s, shard) not in self._prefix:
+                        wanted.add((s, shard))
+        self._read_prefixes(sorted(wanted))
 
     def prefetch_counts(self, stream: int, ranges: Sequence[Range]) -> None:
         """Read, in parallel, the record indexes ``counts`` needs for ``ranges`` of a stream."""

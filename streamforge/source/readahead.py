@@ -144,11 +144,16 @@ class ReadAhead:
         its documents from their lengths before it reads a token, and would otherwise wait
         on each new shard's index in turn. A failure is left for the reader to raise."""
         source = self.source
-        shards = [s for s in dict.fromkeys(s for s, a, b in ranges if b > a) if s not in source._indexes]
+        shards: dict[int, None] = {}  # the first ones only: a plan may hold every shard of the stream
+        for s, a, b in ranges:
+            if b > a and s not in source._indexes:
+                shards[s] = None
+                if len(shards) == INDEXES_AHEAD:
+                    break
         if not shards:
             return
         pool = self._pool()
-        for shard in shards[:INDEXES_AHEAD]:
+        for shard in shards:
             pool.submit(_quietly, source.index, shard)
 
     def _read_head(self, plan: list[tuple[int, int, int]]) -> None:
