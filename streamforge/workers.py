@@ -198,20 +198,22 @@ class _Ring:
         if index == 0:
             if self.shared is None and self.messages > 0:
                 self._allocate()
-            self.packing = self.shared is not None and self.sent - int(self.acked[0]) < self.slots
-        if not self.packing:
-            return None
+            self.packing = self.shared is not None and self._slot_free()
         nbytes = math.prod(shape) * dtype.itemsize
-        at = self.HEADER + (self.sent % self.slots) * self.slot_bytes + index * nbytes
-        if (index + 1) * nbytes > self.slot_bytes:
+        if not self.packing or (index + 1) * nbytes > self.slot_bytes:
             return None
+        at = self.HEADER + (self.sent % self.slots) * self.slot_bytes + index * nbytes
         return self.memory[at : at + nbytes].view(dtype).reshape(shape)
+
+    def _slot_free(self) -> bool:
+        """The next message's slot is free: the main process acknowledged message ``sent - slots``."""
+        return self.sent - int(self.acked[0]) < self.slots
 
     def _free_slot(self) -> bool:
         if self.shared is None:
             self._allocate()
         deadline = None
-        while self.sent - int(self.acked[0]) >= self.slots:
+        while not self._slot_free():
             now = time.monotonic()
             deadline = deadline or now + self.WAIT
             if now > deadline:
@@ -252,7 +254,6 @@ class _Ring:
         self.sent += 1
         items = [item[:3] + (None,) + item[4:] for item in message]
         return ("ring", self.worker, self.sent - 1, shared, at, items, layout)
-
 
     def _detached(self, message: list[tuple]) -> list[tuple]:
         """``message`` to travel whole: tokens built in the slot are copied out, as the slot is

@@ -85,8 +85,7 @@ class ReadAhead:
         added = [(int(s), int(a), int(b)) for s, a, b in ranges]
         self._plan.extend(added)
         if self._plan_by_shard is not None:
-            for i, (s, _, _) in enumerate(added, first):
-                self._plan_by_shard.setdefault(s, []).append(i)
+            self._index_plan(first)
         if self.prefetcher is not None:
             self._indexes_ahead(added)
             self.prefetcher.extend(self._units(added, first))
@@ -279,6 +278,11 @@ class ReadAhead:
             out.append((buf if keep or raw is None else None, from_cache, raw))
         return out
 
+    def _index_plan(self, first: int) -> None:
+        """Add the plan's ranges from ``first`` on to its index by shard."""
+        for i, (s, _, _) in enumerate(self._plan[first:], first):
+            self._plan_by_shard.setdefault(s, []).append(i)
+
     def _plan_pos(self, shard: int, start: int) -> int | None:
         """Index of the planned range holding record ``start`` of ``shard`` (searching forward).
         Reads follow the plan, so it is found within a few ranges of the cursor; the plan's
@@ -292,8 +296,7 @@ class ReadAhead:
                 return j
         if self._plan_by_shard is None:
             self._plan_by_shard = {}
-            for i, (s, _, _) in enumerate(plan):
-                self._plan_by_shard.setdefault(s, []).append(i)
+            self._index_plan(0)
         idxs = self._plan_by_shard.get(shard)
         if not idxs:
             return None
