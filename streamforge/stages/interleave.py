@@ -32,6 +32,7 @@ _KEYS = ("emitted", "current", "phase", "sources")
 _LOOKAHEAD = 64  # documents after its current one a stream shows a schedule (a longer run is just split)
 _STRETCH = 1 << 62  # budget of a stretch of the schedule: every document the streams' windows show
 _NONE = np.zeros(0, np.int64)
+_RUN_FIELDS = ("shard", "record", "token_start", "length")  # a DocRun's per-document fields
 _ZERO = np.zeros(1, np.int64)
 
 
@@ -256,44 +257,54 @@ class Interleaver:
     def _take_plan(self, streams: np.ndarray, left: np.ndarray, taken: np.ndarray) -> tuple[int, DocRun]:
         """The documents of a schedule (``_schedule``): one ``ShuffleBuffer.take_run`` per
         stream, their pieces laid out in the schedule's order as one run (``stream`` -1), and
-        each new document counted to its stream at its full length, as ``_pick`` counts it."""
+        each new document counted to its stream at its full length, as ``_pick`` counts it.
+
+        A schedule holds a few dozen documents of a handful of streams, so its bookkeeping is
+        done on Python lists (numpy's per-call cost is larger than the work here). The run's
+        tokens stay the streams' parts (views of the decoded frames, and EOS), regrouped in
+        the schedule's order; its consumer copies them once (``DocRun.copy_into``)."""
         ids = streams.tolist()
-        counted = left.copy()
+        sizes = taken.tolist()
+        counted = left.tolist()
+        cut = sizes[-1] < counted[-1]
         if self.current >= 0:
             counted[0] = 0  # the document in progress was counted when it was picked
-        cut = bool(taken[-1] < left[-1])
-        if len(set(ids)) == 1:  # one stream: a plain run
+        per: dict[int, list[int]] = {}  # stream -> [tokens, documents, tokens counted]
+        for stream, size, count in zip(ids, sizes, counted):
+            entry = per.get(stream)
+            if entry is None:
+                per[stream] = [size, 1, count]
+            else:
+                entry[0] += size
+                entry[1] += 1
+                entry[2] += count
+        if len(per) == 1:  # one stream: a plain run
             stream = ids[0]
             if self.current < 0:
                 self.current = stream
-                self.emitted[stream] += int(counted[0])
-            return stream, self._take(stream, int(taken.sum()), len(ids))
-        # the schedule's documents sorted by stream: the streams' runs end to end
-        by_stream = np.argsort(streams, kind="stable")
-        grouped = streams[by_stream]
-        first = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
-        docs = np.diff(np.append(first, len(grouped))).tolist()
-        tokens_of = np.add.reduceat(taken[by_stream], first).tolist()
-        counted_of = np.add.reduceat(counted[by_stream], first).tolist()
-        runs = {}
-        for stream, n, k, c in zip(grouped[first].tolist(), tokens_of, docs, counted_of):
-            runs[stream] = self.sources[stream].take_run(n, k)
-            self.emitted[stream] += c
+                self.emitted[stream] += counted[0]
+            return stream, self._take(stream, sum(sizes), len(ids))
+        runs, groups, base = [], {}, {}
+        done_docs = 0
+        for stream in sorted(per):
+            size, docs, count = per[stream]
+            run = self.sources[stream].take_run(size, docs)
+            self.emitted[stream] += count
+            groups[stream] = _by_document(run)
+            base[stream] = done_docs  # where its documents start in the runs laid end to end
+            done_docs += len(run.length)
+            runs.append(run)
         self.current = ids[-1] if cut else -1
-        fields = {}
-        for name in ("shard", "record", "token_start", "length"):
-            laid = np.concatenate([getattr(r, name) for r in runs.values()])
-            fields[name] = np.empty_like(laid)
-            fields[name][by_stream] = laid
-        # each document's tokens: a slice of its stream's tokens, in the schedule's order
-        tokens = {s: r.tokens for s, r in runs.items()}
-        at = dict.fromkeys(runs, 0)
-        parts = []
-        for stream, size in zip(ids, taken.tolist()):
-            parts.append(tokens[stream][at[stream] : at[stream] + size])
-            at[stream] += size
-        return -1, DocRun(parts=parts, size=int(taken.sum()), done=not cut, streams=streams.astype(np.int16),
-                          **fields)
+        parts, gather = [], []
+        seen = dict.fromkeys(per, 0)
+        for stream in ids:  # each document's parts and fields, in the schedule's order
+            j = seen[stream]
+            seen[stream] = j + 1
+            parts += groups[stream][j]
+            gather.append(base[stream] + j)
+        laid = np.concatenate([getattr(r, f) for f in _RUN_FIELDS for r in runs]).reshape(len(_RUN_FIELDS), -1)
+        fields = dict(zip(_RUN_FIELDS, laid[:, gather]))
+        return -1, DocRun(parts=parts, size=sum(sizes), done=not cut, streams=streams.astype(np.int16), **fields)
 
     def _extra_docs(self, stream: int, source) -> int:
         """How many documents after the current one the schedule would also give ``stream``."""
@@ -370,3 +381,25 @@ class Interleaver:
         self._enter_phase(phase)
         self.emitted = [int(x) for x in state["emitted"]]
         self.current = current
+
+
+def _by_document(run: DocRun) -> list[list]:
+    """A run's parts grouped by document piece (one list per entry of ``run.length``).
+
+    ``ShuffleBuffer.take_run`` lays a document out as one part (its view of the frame) or,
+    with EOS, two (the view and the EOS); only the run's first and last documents may be
+    cut to one part (a cut before the EOS, or the EOS alone). So the first document has one
+    part exactly when that part is the whole piece, each document in the middle two, and
+    the last what is left."""
+    parts, lengths = run.parts, run.length
+    docs = len(lengths)
+    if len(parts) == docs:
+        return [[part] for part in parts]
+    if docs == 1:
+        return [parts]
+    head = 1 if len(parts[0]) == lengths[0] else 2
+    tail = head + 2 * (docs - 2)
+    groups = [parts[:head]]
+    groups += [parts[i : i + 2] for i in range(head, tail, 2)]
+    groups.append(parts[tail:])
+    return groups
