@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from . import collector
 from .batch import RowBatch, pad_to_rows
 from .blocks import BlockIterator
 from .errors import ConfigError, ResumeMismatchError
@@ -267,7 +268,9 @@ class PackedTokenDataset(IterableDataset):
         dataset; an error on rank 0 is raised on every rank."""
 
         def load() -> list[Manifest]:
-            return [Manifest.load(s.url, s.storage_options, retry=self.storage.retry, client=self.storage.client) for s in self.streams]
+            with collector.paused():  # a manifest of many shards is many small objects
+                return [Manifest.load(s.url, s.storage_options, retry=self.storage.retry, client=self.storage.client)
+                        for s in self.streams]
 
         dist = torch.distributed
         if not share or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

@@ -30,11 +30,11 @@ a first batch 0.037-0.054 -> 0.003-0.005 s, a resume halfway through a window 0.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import ledger
+from . import collector, ledger
 from .batch import RowBatch, check_fields, expand
 from .checkpoint import Checkpointing
 from .counters import Counters
@@ -140,10 +140,11 @@ class StreamingLoader(Checkpointing):
     def plan(self) -> PassPlan:
         """The plan of the current pass (after a statistical resume: of what is left of it)."""
         if self._plan is None or self._plan.pass_idx != self._pass:
-            self._plan = self.dataset.pass_plan(
-                self._pass, workers_per_rank=self.num_logical, batch_size=self.batch_size,
-                first_step=self._first_step if not self.infinite else 0,
-            )
+            with collector.paused():  # record ranges: a few objects per shard
+                self._plan = self.dataset.pass_plan(
+                    self._pass, workers_per_rank=self.num_logical, batch_size=self.batch_size,
+                    first_step=self._first_step if not self.infinite else 0,
+                )
         return self._plan
 
     def _start_pass(self, pass_idx: int, first_step: int) -> None:
@@ -207,7 +208,7 @@ class StreamingLoader(Checkpointing):
         feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
         counters, take = self._counters, feed.open(self._tallied(items))
         try:
-            while (got := take()) is not None:
+            for got in _taken(take):
                 logical, step, rows, state, stats, skipped, tally = got[0]
                 if step != self._first_step + self._batch:
                     raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
@@ -327,6 +328,16 @@ class StreamingLoader(Checkpointing):
         if self.device.type != "cpu":
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return batch
+
+
+def _taken(take: Callable[[], Any]) -> Iterator[Any]:
+    """What ``take`` returns until None; the first with the garbage collector paused, since
+    it sets the pass up (plan, pipelines, first windows: ``collector``)."""
+    with collector.paused():
+        got = take()
+    while got is not None:
+        yield got
+        got = take()
 
 
 def _accumulate(total: dict[str, Any], part: dict[str, Any]) -> None:
