@@ -1470,8 +1470,9 @@ def growth_notes(g: dict) -> list[str]:
             f"{f[2]:.3f} to {f[3]:.3f} s, peak RSS {r[2]:.0f} to {r[3]:.0f} MiB, on a corpus of "
             f"{g['meta']['tokens'] / M:.0f}M tokens. Profiled (cProfile, 0 workers): the token-share schedule "
             "hands over to another stream every document or two, so a batch holds a piece of a run for each "
-            "stream it draws from, and each costs a reader call and its piece arrays (about 10 us each), where "
-            "one stream takes one run a batch; the schedule itself is one merge of the streams' share ratios "
+            "stream it draws from, and each costs a reader call (about 10 us; the run's tokens stay views of the "
+            "frames, regrouped by document in the schedule's order and copied once), where one stream takes "
+            "one run a batch; the schedule itself is one merge of the streams' share ratios "
             "for every document their windows show, cut into batches (`Interleaver._planned`; docs/design.md "
             "gives what merging a document, then a batch at a time cost). The first batch "
             "waits for the first window of every stream its documents come from (at the start every ratio "
@@ -1500,7 +1501,9 @@ def growth_notes(g: dict) -> list[str]:
             "the manifest itself and the pass's plan, which is the bend after ten thousand: the manifest's "
             "JSON holds a name and a digest a shard, and the plan a range a shard, which the plan, the "
             "reader and its read-ahead each keep (the peak RSS column). Each is built in one numpy step or "
-            "one pass over a list, never a call a shard (docs/design.md, \"A manifest of many shards\"). "
+            "one pass over a list, never a call a shard (docs/design.md, \"A manifest of many shards\"), "
+            "with Python's garbage collector paused until the first batch: the objects built per shard would "
+            "otherwise set off full collections of every object in the process (`collector.paused`). "
             "Real shards hold thousands of documents each, so a manifest of N shards costs far less than N "
             "records' worth of reads.")
     if max(xs, default=0) < max(GROWTH_SHARDS):
