@@ -1503,7 +1503,7 @@ def growth_notes(g: dict) -> list[str]:
             "reader and its read-ahead each keep (the peak RSS column). Each is built in one numpy step or "
             "one pass over a list, never a call a shard (docs/design.md, \"A manifest of many shards\"), "
             "with Python's garbage collector paused until the first batch: the objects built per shard would "
-            "otherwise set off full collections of every object in the process (`collector.paused`). "
+            "otherwise set it off, a full collection of every object in the process included (`collector.paused`). "
             "Real shards hold thousands of documents each, so a manifest of N shards costs far less than N "
             "records' worth of reads.")
     if max(xs, default=0) < max(GROWTH_SHARDS):
