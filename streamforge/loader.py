@@ -208,7 +208,7 @@ class StreamingLoader(Checkpointing):
         feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
         counters, take = self._counters, feed.open(self._tallied(items))
         try:
-            for got in _taken(take):
+            for got in _taken(take, pause=self.num_workers == 0):
                 logical, step, rows, state, stats, skipped, tally = got[0]
                 if step != self._first_step + self._batch:
                     raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
@@ -330,10 +330,15 @@ class StreamingLoader(Checkpointing):
         return batch
 
 
-def _taken(take: Callable[[], Any]) -> Iterator[Any]:
-    """What ``take`` returns until None; the first with the garbage collector paused, since
-    it sets the pass up (plan, pipelines, first windows: ``collector``)."""
-    with collector.paused():
+def _taken(take: Callable[[], Any], pause: bool) -> Iterator[Any]:
+    """What ``take`` returns until None; with ``pause``, the first with the garbage collector
+    paused, since it sets the pass up (pipelines, first windows: ``collector``). Only for a
+    pipeline in this process: with workers the first take is the head start, and the workers
+    are forked right after it, with the collector as it would be without streamforge."""
+    if pause:
+        with collector.paused():
+            got = take()
+    else:
         got = take()
     while got is not None:
         yield got

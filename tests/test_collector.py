@@ -10,6 +10,7 @@ from pipeline_helpers import dataset, loader, make_corpus, take
 from streamforge import collector
 from streamforge.dataset import PackedTokenDataset, WorkerPipeline
 from streamforge.format.manifest import Manifest
+from streamforge.loader import StreamingLoader
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +88,14 @@ def test_paused_nests():
     finally:
         if not was:
             gc.disable()
+
+
+def test_with_workers_the_head_start_runs_with_the_collector_on(corpus, monkeypatch, collector_on):
+    """Worker processes are forked right after the head start: the collector is left as it is
+    there (only the plan and the manifests are built with it paused)."""
+    seen = []
+    _spy(monkeypatch, StreamingLoader, "_head_start", seen)
+    _spy(monkeypatch, PackedTokenDataset, "pass_plan", seen)
+    take(loader(dataset(corpus), num_workers=1), 2)
+    assert [on for name, on in seen if name == "_head_start"] == [True]
+    assert not any(on for name, on in seen if name == "pass_plan")
