@@ -76,18 +76,12 @@ def test_the_collector_is_back_on_when_the_set_up_fails(corpus, monkeypatch, col
     assert gc.isenabled()
 
 
-def test_paused_nests():
-    was = gc.isenabled()
-    gc.enable()
-    try:
+def test_paused_nests(collector_on):
+    with collector.paused():
         with collector.paused():
-            with collector.paused():
-                assert not gc.isenabled()
             assert not gc.isenabled()
-        assert gc.isenabled()
-    finally:
-        if not was:
-            gc.disable()
+        assert not gc.isenabled()
+    assert gc.isenabled()
 
 
 def test_with_workers_the_head_start_runs_with_the_collector_on(corpus, monkeypatch, collector_on):
