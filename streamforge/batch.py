@@ -67,10 +67,19 @@ class RowBatch:
         return sum(getattr(self, f).nbytes for f in self.__dataclass_fields__)
 
 
+def padding_rows(num_rows: int, seq_len: int, dtype: np.dtype, pad_id: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``[num_rows, seq_len + 1]`` tokens of padding to build rows in: ``out`` (a worker's ring
+    slot) filled with ``pad_id``, or a new array."""
+    if out is None:
+        return np.full((num_rows, seq_len + 1), pad_id, dtype)
+    out.fill(pad_id)
+    return out
+
+
 def pad_to_rows(batch: RowBatch | None, num_rows: int, seq_len: int, dtype: np.dtype, pad_id: int) -> RowBatch:
     """``batch`` with padding rows appended up to ``num_rows`` (a whole batch of padding
     when None): no pieces, labels -100, doc ids -1, as everywhere else padding is."""
-    tokens = np.full((num_rows, seq_len + 1), pad_id, dtype)
+    tokens = padding_rows(num_rows, seq_len, dtype, pad_id)
     lookahead = np.zeros(num_rows, bool)
     if batch is None:
         z = np.zeros(0, np.int64)

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .batch import RowBatch
+from .batch import RowBatch, padding_rows
 from .plan import PassClock
 from .errors import ConfigError, ResumeMismatchError, ShardCorruptError
 from .stages.base import check_state
@@ -338,11 +338,7 @@ class EvalPipeline:
             return None
         cfg = self.dataset.config
         T = cfg.seq_len
-        if out is None:
-            tokens = np.full((num_rows, T + 1), cfg.pad_id, self.dataset.token_dtype)
-        else:
-            tokens = out
-            tokens.fill(cfg.pad_id)
+        tokens = padding_rows(num_rows, T, self.dataset.token_dtype, cfg.pad_id, out)
         lookahead = np.zeros(num_rows, bool)
         parts: list[tuple] = []
         r = 0

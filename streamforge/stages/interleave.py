@@ -270,14 +270,15 @@ class Interleaver:
         if self.current >= 0:
             counted[0] = 0  # the document in progress was counted when it was picked
         per: dict[int, list[int]] = {}  # stream -> [tokens, documents, tokens counted]
+        ranks = []  # each document's place among its stream's
         for stream, size, count in zip(ids, sizes, counted):
             entry = per.get(stream)
             if entry is None:
-                per[stream] = [size, 1, count]
-            else:
-                entry[0] += size
-                entry[1] += 1
-                entry[2] += count
+                per[stream] = entry = [0, 0, 0]
+            ranks.append(entry[1])
+            entry[0] += size
+            entry[1] += 1
+            entry[2] += count
         if len(per) == 1:  # one stream: a plain run
             stream = ids[0]
             if self.current < 0:
@@ -296,10 +297,7 @@ class Interleaver:
             runs.append(run)
         self.current = ids[-1] if cut else -1
         parts, gather = [], []
-        seen = dict.fromkeys(per, 0)
-        for stream in ids:  # each document's parts and fields, in the schedule's order
-            j = seen[stream]
-            seen[stream] = j + 1
+        for stream, j in zip(ids, ranks):  # each document's parts and fields, in the schedule's order
             parts += groups[stream][j]
             gather.append(base[stream] + j)
         laid = np.concatenate([getattr(r, f) for f in _RUN_FIELDS for r in runs]).reshape(len(_RUN_FIELDS), -1)

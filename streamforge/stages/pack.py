@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import RowBatch
+from ..batch import RowBatch, padding_rows
 from ..errors import ResumeMismatchError
 from .base import check_state
 from .interleave import Interleaver
@@ -35,11 +35,7 @@ class _Rows:
     """Accumulates rows and their pieces, then freezes them into a RowBatch."""
 
     def __init__(self, num_rows: int, seq_len: int, dtype: np.dtype, pad_id: int, out: np.ndarray | None = None) -> None:
-        if out is None:
-            self.tokens = np.full((num_rows, seq_len + 1), pad_id, dtype)
-        else:
-            self.tokens = out
-            out.fill(pad_id)
+        self.tokens = padding_rows(num_rows, seq_len, dtype, pad_id, out)
         self.lookahead = np.zeros(num_rows, bool)
         self.pieces: list[tuple] = []
         self.count = 0
