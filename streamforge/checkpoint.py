@@ -23,7 +23,7 @@ from .errors import ConfigError, ResumeMismatchError
 from .plan import PassPlan
 from .resume import statistical_bounds, statistical_worker_states, stream_positions
 from .schedule import SkipRanges
-from .state import STATE_VERSION, ResumeReport, config_differences, pack_state, saved_ranks, unpack_state
+from .state import STATE_VERSION, UNDIGESTED_VERSION, ResumeReport, config_differences, pack_state, saved_ranks, unpack_state
 
 log = logging.getLogger("streamforge.loader")
 
@@ -36,13 +36,18 @@ class Checkpointing:
         checkpoint time only, so every rank must call it); without a process group, it holds
         this rank's part only (``merge_states`` joins the ranks')."""
         self._refuse_state()
-        if self._pass_over():
-            self._end_pass()
         if self._ledger is not None:  # a checkpoint never lacks its steps in the ledger
             self._ledger.flush()
+        counters = self._counters.state_dict()
+        pass_idx, first_step, batch = self._pass, self._first_step, self._batch
+        workers, pass_tokens, remaining = self._worker_states, self._pass_tokens, self._remaining
+        if self._pass_over():  # the next pass's start, as _end_pass will make it: a getter changes nothing
+            pass_idx, first_step, dropped = self._next_pass()
+            batch, workers, pass_tokens, remaining = 0, [None] * self.num_logical, 0, None
+            counters["dropped_tokens"] += dropped
         part = {
-            "rank": self.dataset.rank, "workers": self._worker_states, "pass_tokens": self._pass_tokens,
-            "counters": self._counters.state_dict(), "skipped": self.skipped(),
+            "rank": self.dataset.rank, "workers": workers, "pass_tokens": pass_tokens,
+            "counters": counters, "skipped": self.skipped(),
         }
         return pack_state({
             "version": STATE_VERSION,
@@ -51,12 +56,12 @@ class Checkpointing:
             "world_size": self.dataset.world_size,
             "workers_per_rank": self.num_logical,
             "batch_size": self.batch_size,
-            "step": self.step,
-            "pass": self._pass,
-            "pass_first_step": self._first_step,
-            "batch": self._batch,
+            "step": first_step + batch,
+            "pass": pass_idx,
+            "pass_first_step": first_step,
+            "batch": batch,
             "skip_steps": self.skip_steps.to_list(),
-            "remaining": self._remaining,
+            "remaining": remaining,
             "generation": self.dataset.resume_generation,
             "ranks": _gather(part, self.dataset.rank, self.dataset.world_size),
         })
@@ -76,6 +81,27 @@ class Checkpointing:
         if mode not in (None, "statistical"):
             raise ConfigError(f"mode must be None (the best the state allows) or 'statistical', got {mode!r}")
         state = copy.deepcopy(unpack_state(state))
+        undigested = state.pop("undigested", False)
+        before = dict(self.__dict__), copy.deepcopy(self._counters), self.dataset.resume_generation
+        try:
+            self._load(state, strict, mode)
+        except BaseException as exc:  # a refused state leaves the loader as it was
+            self.__dict__.clear()
+            self.__dict__.update(before[0])
+            self._counters, self.dataset.resume_generation = before[1], before[2]
+            if isinstance(exc, (KeyError, TypeError, IndexError, AttributeError)) or (
+                    type(exc) is ValueError):
+                raise ResumeMismatchError(
+                    f"loader state: a malformed value ({type(exc).__name__}: {exc}); the state was not applied"
+                ) from exc
+            raise
+        if undigested:
+            self.resume_report.approximations.append(
+                f"a version-{UNDIGESTED_VERSION} state has no digest: its values were checked, but a change "
+                "to its cursors could not be detected")
+        self._ledger_restart()
+
+    def _load(self, state: dict[str, Any], strict: bool, mode: str | None) -> None:
         self.skip_steps = self.skip_steps | SkipRanges(state["skip_steps"])
         differences = self._differences(state)
         if state.get("upgraded_from"):
@@ -97,7 +123,6 @@ class Checkpointing:
                 )
             self._counters.load_state_dict(part["counters"])
             self._load_exact(state, part)
-            self._ledger_restart()
             return
         self._counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
         blockers = ([differences[0]] if state.get("upgraded_from") else ["mode='statistical' was asked for"]) if mode \
@@ -106,7 +131,6 @@ class Checkpointing:
             self._load_elastic(state, differences)
         else:
             self._load_statistical(state, differences or ["mode='statistical' was asked for"], blockers)
-        self._ledger_restart()
 
     def _ledger_restart(self) -> None:
         if self._ledger is not None:

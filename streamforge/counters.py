@@ -60,11 +60,12 @@ class Counters:
         """Count a batch handed out at global ``step`` from its ``tally``."""
         _, tokens, documents = tally
         phase = 0 if len(self.schedule.starts) == 1 else self.schedule.phase_at(step)
-        total, docs, in_phase = self._tokens, self._documents, self._phase_tokens[phase]
-        for i, t in enumerate(tokens):
-            total[i] += t
-            in_phase[i] += t
-            docs[i] += documents[i]
+        total = [a + b for a, b in zip(self._tokens, tokens)]
+        docs = [a + b for a, b in zip(self._documents, documents)]
+        in_phase = [a + b for a, b in zip(self._phase_tokens[phase], tokens)]
+        # stored together, last: an exception raised above (a KeyboardInterrupt, say) leaves
+        # the counters as they were (the loader's commit relies on it)
+        self._tokens, self._documents, self._phase_tokens[phase] = total, docs, in_phase
 
     def skip(self, num_tokens: int) -> None:
         self.skipped_steps += 1

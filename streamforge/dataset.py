@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -59,6 +60,23 @@ class Stream:
     name: str | None = None
     storage_options: dict[str, Any] | None = None
 
+    def __repr__(self) -> str:  # storage options hold keys and tokens: never printed
+        options = None if self.storage_options is None else _masked(self.storage_options)
+        return f"Stream(url={self.url!r}, weight={self.weight!r}, name={self.name!r}, storage_options={options!r})"
+
+
+_SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "session", "signature")
+
+
+def _masked(options: Any) -> Any:
+    """``options`` with the value of every key that names a secret replaced by ``'***'``."""
+    if isinstance(options, dict):
+        return {k: "***" if any(w in str(k).lower() for w in _SECRET_WORDS) and v is not None and not isinstance(
+            v, (dict, list, bool)) else _masked(v) for k, v in options.items()}
+    if isinstance(options, list):
+        return [_masked(v) for v in options]
+    return options
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -89,6 +107,16 @@ class PipelineConfig:
             raise ConfigError(f"bestfit_window must be >= 1, got {self.bestfit_window}")
 
 
+def whole(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, refused with ``ConfigError`` unless it is a whole number (not a
+    bool, a float or a string: ``1.5`` once became ``1`` silently) and at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
 def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """(rank, world_size): explicit values, else torch.distributed, else RANK/WORLD_SIZE, else 0/1."""
     if rank is None or world_size is None:
@@ -103,6 +131,19 @@ def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int
     return int(rank), int(world_size)
 
 
+def _refuse_empty_streams(streams: Sequence[Stream], manifests: Sequence[Manifest]) -> None:
+    """An infinite pipeline over a stream without a document would re-plan its passes
+    forever, finding nothing: refuse it up front, naming the stream."""
+    for s, m in zip(streams, manifests):
+        docs = m.columns.get("num_docs")
+        if m.num_tokens == 0 or (docs is not None and int(docs.sum()) == 0):
+            raise ConfigError(
+                f"stream {s.name!r} ({s.url}) has no document with a token ({m.num_shards} shard(s), "
+                f"{m.num_records} record(s), {m.num_tokens} tokens): an infinite pass over it would never "
+                "end; drop the stream or use infinite=False"
+            )
+
+
 def _normalize_streams(streams: Any, scheduled: bool = False) -> list[Stream]:
     if isinstance(streams, (str, os.PathLike, Stream)):
         streams = [streams]
@@ -112,6 +153,13 @@ def _normalize_streams(streams: Any, scheduled: bool = False) -> list[Stream]:
     names = [s.name or f"stream{i}" for i, s in enumerate(out)]
     if len(set(names)) != len(names):
         raise ConfigError(f"stream names must be unique, got {names}")
+    seen: dict[str, str] = {}
+    for s, name in zip(out, names):
+        url = str(s.url).rstrip("/")
+        if url in seen:
+            warnings.warn(f"streamforge: streams {seen[url]!r} and {name!r} read the same URL {url}: its documents "
+                          "come twice per pass, once under each name", stacklevel=3)
+        seen.setdefault(url, name)
     for s in out:
         if not s.weight >= 0:
             raise ConfigError(f"stream {s.name or s.url}: weight must be >= 0, got {s.weight}")
@@ -179,11 +227,16 @@ class PackedTokenDataset(IterableDataset):
                 )
         eos = self._resolve_eos(eos_id)
         self.config = PipelineConfig(
-            seq_len=int(seq_len), seed=int(seed), shuffle_buffer=int(shuffle_buffer),
-            shuffle_warmup=int(shuffle_warmup),
-            packing=packing, boundary=boundary, eos_id=eos, pad_id=int(pad_id),
-            infinite=bool(infinite), provenance=bool(provenance), bestfit_window=int(bestfit_window),
+            seq_len=whole("seq_len", seq_len, 1), seed=whole("seed", seed, 0),
+            shuffle_buffer=whole("shuffle_buffer", shuffle_buffer, 1),
+            shuffle_warmup=whole("shuffle_warmup", shuffle_warmup, 0),
+            packing=packing, boundary=boundary, eos_id=eos, pad_id=whole("pad_id", pad_id, 0),
+            infinite=bool(infinite), provenance=bool(provenance),
+            bestfit_window=whole("bestfit_window", bestfit_window, 1),
         )
+        self._check_token_ids()
+        if self.config.infinite:
+            _refuse_empty_streams(self.streams, self.manifests)
         self.rank, self.world_size = resolve_topology(rank, world_size)
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
@@ -286,11 +339,25 @@ class PackedTokenDataset(IterableDataset):
             raise box[0]
         return box[0]
 
+    def _check_token_ids(self) -> None:
+        """EOS and pad ids fit every stream's token dtype (and vocabulary, where known)."""
+        for name, value in (("eos_id", self.config.eos_id), ("pad_id", self.config.pad_id)):
+            if value is None:
+                continue
+            for s, m in zip(self.streams, self.manifests):
+                top = int(np.iinfo(m.token_dtype).max) if m.token_dtype in ("uint16", "uint32") else None
+                if top is not None and value > top:
+                    raise ConfigError(f"{name} {value} does not fit stream {s.name!r}'s tokens ({m.token_dtype}, "
+                                      f"at most {top})")
+                if name == "eos_id" and m.vocab_size is not None and value >= m.vocab_size:
+                    raise ConfigError(f"eos_id {value} is outside stream {s.name!r}'s vocabulary "
+                                      f"(vocab_size {m.vocab_size})")
+
     def _resolve_eos(self, eos_id: int | None) -> int | None:
         """The EOS id appended to documents that lack one (None: nothing to append)."""
         need = [s.name for s, m in zip(self.streams, self.manifests) if not m.docs_end_with_eos]
         if eos_id is not None:
-            return int(eos_id)
+            return whole("eos_id", eos_id, 0)
         known = {m.eos_id for m in self.manifests if m.eos_id is not None}
         if len(known) > 1:
             raise ConfigError(f"streams disagree on eos_id ({sorted(known)}); pass eos_id=")

@@ -30,6 +30,7 @@ a first batch 0.037-0.054 -> 0.003-0.005 s, a resume halfway through a window 0.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -38,7 +39,7 @@ from . import collector, ledger
 from .batch import RowBatch, check_fields, expand
 from .checkpoint import Checkpointing
 from .counters import Counters
-from .dataset import PackedTokenDataset
+from .dataset import PackedTokenDataset, whole
 from .device import DeviceFeed, check_depth, default_device
 from .errors import ConfigError
 from .plan import PassPlan
@@ -84,15 +85,11 @@ class StreamingLoader(Checkpointing):
         ledger_options: dict[str, Any] | None = None,
         fields: Sequence[str] | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
         self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self.num_workers = int(num_workers)
+        self.batch_size = whole("batch_size", batch_size, 1)
+        self.num_workers = whole("num_workers", num_workers, 0)
         self.num_logical = max(self.num_workers, 1)
-        self.prefetch_factor = prefetch_factor
+        self.prefetch_factor = whole("prefetch_factor", prefetch_factor, 1)
         self.multiprocessing_context = multiprocessing_context
         self.device = default_device() if device is None else torch.device(device)
         self.device_prefetch = check_depth(device_prefetch, self.device)  # batches in flight (device.py)
@@ -156,14 +153,32 @@ class StreamingLoader(Checkpointing):
         self._remaining = None
         self._plan = None
 
-    def _end_pass(self) -> None:
+    def _next_pass(self) -> tuple[int, int, int]:
+        """``(pass, first step, tokens dropped)`` once this pass ends: the next pass and its
+        first step, and this rank's tokens of this pass that no full step holds."""
         plan = self.plan()
-        self._counters.dropped_tokens += max(0, plan.rank_tokens(self.dataset.rank) - self._pass_tokens)
-        self._start_pass(self._pass + 1, self._first_step + plan.steps)
+        dropped = max(0, plan.rank_tokens(self.dataset.rank) - self._pass_tokens)
+        return self._pass + 1, self._first_step + plan.steps, dropped
+
+    def _end_pass(self) -> None:
+        pass_idx, first_step, dropped = self._next_pass()
+        self._counters.dropped_tokens += dropped
+        self._start_pass(pass_idx, first_step)
 
     def _pass_over(self) -> bool:
         """All of the pass's steps were handed out (an empty pass is over once iterated)."""
         return not self.infinite and 0 < self._batch and self._batch >= self.plan().steps
+
+    def _warn_empty_pass(self) -> None:
+        cfg, plan = self.dataset.config, self.plan()
+        warnings.warn(
+            f"streamforge: pass {self._pass} has 0 steps, so this iteration yields no batch: rank "
+            f"{self.dataset.rank}'s share of the pass, {plan.rank_tokens(self.dataset.rank):,} tokens over "
+            f"{self.num_logical} worker(s), cannot fill one full batch of {self.batch_size} row(s) x seq_len "
+            f"{cfg.seq_len} on every worker of the {self.dataset.world_size} rank(s); use a smaller batch_size "
+            "or seq_len, fewer ranks or workers, or infinite=True",
+            stacklevel=3,
+        )
 
     def _quotas(self) -> list[int]:
         plan = self.plan()
@@ -203,6 +218,8 @@ class StreamingLoader(Checkpointing):
             self._head = ()
         elif self._pass_over():
             self._end_pass()
+        if not self.infinite and not self.evaluation and self._batch == 0 and self.plan().steps == 0:
+            self._warn_empty_pass()
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
         skips = self.skip_steps if self.skip_steps else None
         feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
@@ -212,19 +229,26 @@ class StreamingLoader(Checkpointing):
                 logical, step, rows, state, stats, skipped, tally = got[0]
                 if step != self._first_step + self._batch:
                     raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
+                dropped = skips is not None and step in skips
+                if self._ledger is not None:  # a step it holds past the state is voided on resume
+                    self._ledger.add(step, self._pass, rows, skipped=dropped)
+                # Everything that can take time or fail comes first: an exception raised here (a
+                # KeyboardInterrupt inside next(), say) leaves the state at the batches handed out.
+                batch = None if dropped else feed.hand_out(got)
+                # The commit: the counters' one call (which changes nothing until its last
+                # line), then plain stores and the yield, where CPython runs no signal handler.
+                if dropped:
+                    counters.skip(tally[0])
+                else:
+                    counters.add(tally, step)
                 self._worker_states[logical] = state
                 if stats is not None:  # workers send their counters with every message
                     self._stats[logical] = stats
                     self._skipped[logical] = skipped
                 self._batch += 1
                 self._pass_tokens += tally[0]
-                if self._ledger is not None:
-                    self._ledger.add(step, self._pass, rows, skipped=skips is not None and step in skips)
-                if skips is not None and step in skips:
-                    counters.skip(tally[0])
-                    continue
-                counters.add(tally, step)
-                yield feed.hand_out(got)  # the state above is this batch's: committed as it is handed out
+                if batch is not None:
+                    yield batch
         finally:
             feed.close()
         if not self.infinite and not self.evaluation:

@@ -2,14 +2,14 @@
 
 ``StreamingLoader.state_dict()`` returns the same small dict on every rank::
 
-    {"version": 3, "step": s, "pass": p, "world_size": R, "state": "<JSON>"}
+    {"version": 4, "step": s, "pass": p, "world_size": R, "state": "<JSON>", "digest": "<sha256>"}
 
 The flat outer keys never change shape, so ``torch.distributed.checkpoint`` (which treats
 non-tensor values as replicated and loads into the keys of a fresh loader's state) round-trips
 it, and so does ``torch.save``. ``unpack_state`` gives the JSON part as plain data, the
 *global state*::
 
-    {"version": 3, "fingerprint": "...", "config": {...},
+    {"version": 4, "fingerprint": "...", "config": {...},
      "world_size": R, "workers_per_rank": W, "batch_size": B,
      "step": s, "pass": p, "pass_first_step": s0, "batch": i,
      "skip_steps": [[a, b], ...], "remaining": null, {"work": ...} or {"fractions": [...]},
@@ -23,6 +23,15 @@ worker ``batch % W``. ``ranks[r]`` is rank ``r``'s part: the cursors of its W wo
 torch.distributed the parts are gathered at checkpoint time (one all-gather of a few KB per
 rank); without a process group each rank's state holds its own part only (the others None)
 and ``merge_states`` joins them.
+
+``digest`` is the SHA-256 of the ``state`` text: a state whose text changed by one byte
+after ``state_dict()`` wrote it (an edit, a bit flip, a truncation) is refused with
+``ResumeMismatchError`` before any of it is read, since a changed cursor would otherwise
+resume "exactly" on other batches. It guards against accidents, not against someone who
+recomputes it: the values are also checked (``check_values``, then each stage's
+``check_state``), each refusal naming the field. Deliberate changes go through the API
+(``skip_steps``, ``mode="statistical"``, ``merge_states``). A version-3 state (before the
+digest) still loads, its values checked, and ``resume_report`` says it could not be verified.
 
 ``config`` holds every value exactness depends on (stream names, weights and manifest
 fingerprints; seed; world size R; workers per rank W; seq_len; packing; boundary; shuffle
@@ -39,8 +48,9 @@ from typing import Any, Sequence
 
 from .errors import ResumeMismatchError
 
-STATE_VERSION = 3
-OUTER_KEYS = ("version", "step", "pass", "world_size", "state")
+STATE_VERSION = 4
+UNDIGESTED_VERSION = 3  # the last version without a digest: still read, its values checked
+OUTER_KEYS = ("version", "step", "pass", "world_size", "state", "digest")
 STATE_KEYS = (
     "version", "fingerprint", "config", "world_size", "workers_per_rank", "batch_size", "step", "pass",
     "pass_first_step", "batch", "skip_steps", "remaining", "generation", "ranks",
@@ -57,11 +67,16 @@ def fingerprint(config: dict[str, Any]) -> str:
 
 
 def pack_state(state: dict[str, Any]) -> dict[str, Any]:
-    """The outer dict of a global state (see the module docstring)."""
+    """The outer dict of a global state (see the module docstring), with its digest."""
+    text = json.dumps(dict(state, version=STATE_VERSION), separators=(",", ":"))
     return {
         "version": STATE_VERSION, "step": int(state["step"]), "pass": int(state["pass"]),
-        "world_size": int(state["world_size"]), "state": json.dumps(state, separators=(",", ":")),
+        "world_size": int(state["world_size"]), "state": text, "digest": _digest(text),
     }
+
+
+def _digest(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
 def unpack_state(state: Any) -> dict[str, Any]:
@@ -71,25 +86,73 @@ def unpack_state(state: Any) -> dict[str, Any]:
     version = state.get("version")
     if version == 2:
         return _from_version_2(state)
-    if version != STATE_VERSION:
+    if version not in (STATE_VERSION, UNDIGESTED_VERSION) or isinstance(version, bool):
         hint = ""
         if isinstance(version, int) and version < 2:
             hint = (" (written before the global step existed: it has no step, rank or plan to resume from; "
                     "start the data order afresh or resume with the streamforge that wrote it)")
         raise ResumeMismatchError(f"loader state version {version!r}, this streamforge reads {STATE_VERSION}{hint}")
-    inner = state.get("state", state)
-    if isinstance(inner, (str, bytes)):
-        try:
-            inner = json.loads(inner)
-        except ValueError as exc:
-            raise ResumeMismatchError(f"loader state: the 'state' field is not valid JSON ({exc})") from None
+    text = state.get("state")
+    if not isinstance(text, (str, bytes)):
+        raise ResumeMismatchError(f"loader state: 'state' holds {type(text).__name__}, not the global state's JSON")
+    if version == STATE_VERSION:
+        digest = state.get("digest")
+        if not isinstance(digest, str) or digest != _digest(text):
+            raise ResumeMismatchError(
+                "loader state: its digest does not match its content: the state was changed after "
+                "state_dict() wrote it (edited, truncated or corrupted), so its cursors cannot be trusted. "
+                "Resume from an unchanged copy; to change where a job goes on, use the API "
+                "(skip_steps=, load_state_dict(mode='statistical'), merge_states)"
+            )
+    try:
+        inner = json.loads(text)
+    except ValueError as exc:
+        raise ResumeMismatchError(f"loader state: the 'state' field is not valid JSON ({exc})") from None
     if not isinstance(inner, dict):
         raise ResumeMismatchError(f"loader state: 'state' holds {type(inner).__name__}, not the global state")
     missing = [k for k in STATE_KEYS if k not in inner]
     if missing:
         raise ResumeMismatchError(f"loader state lacks {missing}")
+    check_values(inner)
+    for key in ("version", "step", "pass", "world_size"):
+        if key in state and state[key] != inner[key]:
+            raise ResumeMismatchError(f"loader state: the outer {key!r} is {state[key]!r}, the state's own {inner[key]!r}")
+    if version == UNDIGESTED_VERSION:
+        inner["undigested"] = True
+    return inner
+
+
+def _field(name: str, value: Any, low: int = 0) -> None:
+    if type(value) is not int or value < low:
+        raise ResumeMismatchError(f"loader state: {name} is {value!r}, expected an integer >= {low}")
+
+
+def check_values(inner: dict[str, Any]) -> None:
+    """The global state's own fields and each rank part's, by type and range: a state that
+    passes its digest but was built by hand (or by an older streamforge) gets a named
+    refusal here, never a bare error later. Stage cursors are checked by their stages."""
+    for key in ("step", "pass", "pass_first_step", "batch", "generation"):
+        _field(key, inner[key])
+    for key in ("world_size", "workers_per_rank", "batch_size"):
+        _field(key, inner[key], 1)
+    if inner["step"] != inner["pass_first_step"] + inner["batch"]:
+        raise ResumeMismatchError(
+            f"loader state: step {inner['step']} is not pass_first_step {inner['pass_first_step']} + batch "
+            f"{inner['batch']}"
+        )
+    if not isinstance(inner["fingerprint"], str) or not isinstance(inner["config"], dict):
+        raise ResumeMismatchError("loader state: fingerprint must be a string and config a mapping")
+    skips = inner["skip_steps"]
+    if not isinstance(skips, list) or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(x) is int and x >= 0 for x in r) for r in skips):
+        raise ResumeMismatchError(f"loader state: skip_steps must be [[start, end], ...] of steps, got {skips!r}")
+    remaining = inner["remaining"]
+    if remaining is not None and not (isinstance(remaining, dict) and len(remaining) == 1
+                                      and next(iter(remaining)) in ("work", "fractions")):
+        raise ResumeMismatchError(f"loader state: remaining must be null, {{'work': ...}} or {{'fractions': [...]}}, "
+                                  f"got {str(remaining)[:80]}")
     ranks = inner["ranks"]
-    if not isinstance(ranks, list) or len(ranks) != int(inner["world_size"]):
+    if not isinstance(ranks, list) or len(ranks) != inner["world_size"]:
         raise ResumeMismatchError(
             f"loader state: 'ranks' must list one part per rank of the saved job ({inner['world_size']}), "
             f"got {len(ranks) if isinstance(ranks, list) else type(ranks).__name__}"
@@ -97,11 +160,20 @@ def unpack_state(state: Any) -> dict[str, Any]:
     for r, part in enumerate(ranks):
         if part is None:
             continue
+        if not isinstance(part, dict):
+            raise ResumeMismatchError(f"loader state: ranks[{r}] holds {type(part).__name__}, not a rank's part")
         lacking = [k for k in RANK_KEYS if k not in part]
-        if lacking or int(part["rank"]) != r:
+        if lacking or part["rank"] != r:
             raise ResumeMismatchError(f"loader state: ranks[{r}] " + (
-                f"lacks {lacking}" if lacking else f"holds the part of rank {part['rank']}"))
-    return inner
+                f"lacks {lacking}" if lacking else f"holds the part of rank {part['rank']!r}"))
+        _field(f"ranks[{r}].pass_tokens", part["pass_tokens"])
+        workers = part["workers"]
+        if not isinstance(workers, list) or len(workers) != inner["workers_per_rank"] or not all(
+                w is None or isinstance(w, dict) for w in workers):
+            raise ResumeMismatchError(
+                f"loader state: ranks[{r}].workers must list {inner['workers_per_rank']} worker states (or nulls)")
+        if not isinstance(part["counters"], dict) or not isinstance(part["skipped"], list):
+            raise ResumeMismatchError(f"loader state: ranks[{r}].counters must be a mapping and skipped a list")
 
 
 _V2_KEYS = ("fingerprint", "config", "rank", "world_size", "workers_per_rank", "step", "pass", "pass_first_step",
@@ -155,6 +227,7 @@ def merge_states(states: Sequence[Any]) -> dict[str, Any]:
             merged["ranks"][r] = other["ranks"][r]
         merged["skip_steps"] = sorted({tuple(x) for x in merged["skip_steps"]} | {tuple(x) for x in other["skip_steps"]})
     merged["skip_steps"] = [list(x) for x in merged["skip_steps"]]
+    merged.pop("undigested", None)
     return pack_state(merged)
 
 

@@ -72,7 +72,8 @@ def test_state_is_small_and_versioned(corpus):
     blob = json.dumps(state)
     assert len(blob) < 16_000
     inner = unpack_state(state)
-    assert state["version"] == inner["version"] == 3 and len(inner["fingerprint"]) == 32
+    assert state["version"] == inner["version"] == 4 and len(inner["fingerprint"]) == 32
+    assert len(state["digest"]) == 64
     assert inner["config"]["workers_per_rank"] == 2 and inner["config"]["batch_size"] == 2
 
 

@@ -2,6 +2,7 @@
 strict mode; joining ranks' states with merge_states."""
 
 import copy
+import hashlib
 import json
 
 import numpy as np
@@ -58,6 +59,14 @@ def _buffer(state, stream=0):
     return _worker(state)["packer"]["source"]["sources"][stream]
 
 
+def _redigested(saved, inner):
+    """``inner`` packed with a digest that matches it: what a hand-built state looks like, so
+    that the value checks behind the digest (the second line) are what refuses it."""
+    text = json.dumps(inner)
+    outer = {k: inner[k] for k in ("step", "pass", "world_size") if k in inner}
+    return dict(saved, **outer, state=text, digest=hashlib.sha256(text.encode()).hexdigest())
+
+
 @pytest.mark.parametrize("corrupt,match", [
     (lambda s: _buffer(s)["reader"].update(offset=10**6), r"ShardReader\(web\): offset 1000000"),
     (lambda s: _buffer(s)["reader"].update(range=99), r"ShardReader\(web\): range 99"),
@@ -67,7 +76,12 @@ def _buffer(state, stream=0):
     (lambda s: _worker(s)["packer"]["source"].update(phase=7), r"Interleaver: phase 7"),
     (lambda s: _worker(s)["packer"]["source"].update(current=5), r"Interleaver: current stream 5"),
     (lambda s: _worker(s).update(batches=10**6), r"WorkerPipeline: worker 0 has built 1000000"),
-    (lambda s: s.update(batch=10**6), r"batch 1000000 is outside pass 0"),
+    (lambda s: s.update(batch=10**6, step=s["pass_first_step"] + 10**6), r"batch 1000000 is outside pass 0"),
+    (lambda s: s.update(batch=s["batch"] + 1), r"step 9 is not pass_first_step 0 \+ batch 10"),
+    (lambda s: s.update(generation=None), r"generation is None, expected an integer >= 0"),
+    (lambda s: s.update(skip_steps=[[1]]), r"skip_steps must be \[\[start, end\], ...\]"),
+    (lambda s: s["ranks"][1].update(pass_tokens="7"), r"ranks\[1\].pass_tokens is '7'"),
+    (lambda s: s["ranks"][1].update(workers=[None, None]), r"ranks\[1\].workers must list 1 worker"),
     (lambda s: _worker(s)["packer"].pop("source"), r"Packer: state lacks \['source'\]"),
     (lambda s: s["ranks"][1].pop("workers"), r"ranks\[1\] lacks \['workers'\]"),
     (lambda s: s["ranks"].append(None), r"one part per rank of the saved job \(2\), got 3"),
@@ -76,17 +90,22 @@ def _buffer(state, stream=0):
 def test_corrupted_cursors_are_refused_naming_stage_and_value(corpus, saved, corrupt, match):
     state = copy.deepcopy(unpack_state(saved))
     corrupt(state)
-    with pytest.raises(ResumeMismatchError, match=match):
-        _loader(corpus, rank=1, num_workers=0).load_state_dict(dict(saved, state=json.dumps(state)))
+    ldr = _loader(corpus, rank=1, num_workers=0)
+    with pytest.raises(ResumeMismatchError, match="digest does not match"):  # the first line
+        ldr.load_state_dict(dict(saved, state=json.dumps(state)))
+    with pytest.raises(ResumeMismatchError, match=match):  # the second, behind a digest that matches
+        ldr.load_state_dict(_redigested(saved, state))
+    assert ldr.step == 0 and ldr.resume_report is None  # refused states leave the loader as it was
+    assert_batches_equal(take(ldr, 2), take(_loader(corpus, rank=1, num_workers=0), 2))
 
 
 def test_old_state_versions_get_a_clear_error(corpus, saved):
-    with pytest.raises(ResumeMismatchError, match="version 1.*reads 3.*before the global step"):
+    with pytest.raises(ResumeMismatchError, match="version 1.*reads 4.*before the global step"):
         _loader(corpus, rank=1, num_workers=0).load_state_dict(dict(saved, version=1))
     with pytest.raises(ResumeMismatchError, match=r"version 2 lacks \['fingerprint'"):
         _loader(corpus, rank=1, num_workers=0).load_state_dict({"version": 2, "rank": 1, "workers": []})
     with pytest.raises(ResumeMismatchError, match="'state' field is not valid JSON"):
-        _loader(corpus, rank=1, num_workers=0).load_state_dict(dict(saved, state="{oops"))
+        _loader(corpus, rank=1, num_workers=0).load_state_dict(dict(saved, version=3, state="{oops"))
 
 
 def test_a_version_2_state_resumes_statistically_from_its_rank(corpus, saved):
