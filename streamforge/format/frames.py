@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+import zstandard
 
 from ..errors import ShardCorruptError
 
@@ -53,14 +54,37 @@ def frame_encoder(codec: str, level: int = 3):
         return bytes
     if codec != "zstd":
         raise ValueError(f"compression must be one of {CODECS}, got {codec!r}")
-    import zstandard
-
     return zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True).compress
 
 
 def decode_frame(codec: str, buf, raw_size: int, decompressor) -> bytes:
-    """One frame's raw bytes; raises ``zstandard.ZstdError`` or ``ValueError`` when damaged."""
-    raw = bytes(buf) if codec == "none" else decompressor.decompress(buf, max_output_size=raw_size)
+    """One frame's raw bytes, never more than ``raw_size`` (its size in the shard index);
+    raises ``zstandard.ZstdError`` or ``ValueError`` when damaged (callers name the frame).
+
+    The decode is bounded before it starts. zstd allocates the content size a frame header
+    declares, so a 16 KiB frame of zeros can take 512 MiB, or ask for 1 TiB: a header that
+    declares another size than the index is refused without decoding (reading the header
+    costs well under a microsecond; decoding a 256 KiB frame, about a millisecond). A frame
+    that declares no size (ours always do) is decoded into at most ``raw_size`` bytes and
+    refused where it needs more.
+    """
+    if codec == "none":
+        raw = bytes(buf)
+    else:
+        declared = zstandard.frame_content_size(buf)  # -1: not declared
+        if declared == -1:
+            try:
+                # max_output_size=0 would mean no bound at all
+                raw = decompressor.decompress(buf, max_output_size=max(raw_size, 1))
+            except zstandard.ZstdError as exc:
+                raise ValueError(
+                    f"frame header declares no size and the frame does not decode within the "
+                    f"{raw_size} bytes the index gives it ({exc})"
+                ) from exc
+        elif declared != raw_size:
+            raise ValueError(f"frame header declares {declared} bytes, index says {raw_size}")
+        else:
+            raw = decompressor.decompress(buf)
     if len(raw) != raw_size:
         raise ValueError(f"decodes to {len(raw)} bytes, index says {raw_size}")
     return raw
