@@ -32,9 +32,9 @@ from torch.utils.data import get_worker_info
 
 from .batch import expand
 from .errors import ResumeMismatchError
-from .state import config_differences, fingerprint
+from .state import config_differences, content_digest, fingerprint
 
-BLOCK_STATE_VERSION = 1
+BLOCK_STATE_VERSION = 2  # 2: with a digest of the rest; 1 (without) is still read, its values checked
 BLOCK_STATE_KEYS = ("version", "fingerprint", "config", "rank", "worker", "num_workers", "done", "pipeline")
 _WHAT = "PackedTokenDataset iterator state"
 
@@ -117,8 +117,9 @@ class BlockIterator(Iterator[dict[str, torch.Tensor]]):
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The cursor just past the last block handed out (plain data, a fresh copy)."""
-        return {
+        """The cursor just past the last block handed out (plain data, a fresh copy), with a
+        digest of the rest: a state changed after it was written is refused."""
+        state = {
             "version": BLOCK_STATE_VERSION,
             "fingerprint": self.fingerprint,
             "config": copy.deepcopy(self.config),
@@ -128,6 +129,8 @@ class BlockIterator(Iterator[dict[str, torch.Tensor]]):
             "done": self._done,
             "pipeline": copy.deepcopy(self._pipeline_state),
         }
+        state["digest"] = content_digest(state)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict`` of the same worker of the same job).
@@ -147,11 +150,17 @@ class BlockIterator(Iterator[dict[str, torch.Tensor]]):
         if not isinstance(state, dict):
             raise ResumeMismatchError(f"{_WHAT} must be a dict, got {type(state).__name__}")
         version = state.get("version")
-        if version != BLOCK_STATE_VERSION:
+        if version not in (1, BLOCK_STATE_VERSION) or isinstance(version, bool):
             raise ResumeMismatchError(f"{_WHAT}: version {version!r}, this streamforge reads {BLOCK_STATE_VERSION}")
+        if (version == BLOCK_STATE_VERSION) != ("digest" in state) or "digest" in state and state[
+                "digest"] != content_digest({k: v for k, v in state.items() if k != "digest"}):
+            raise ResumeMismatchError(f"{_WHAT}: its digest does not match its content: the state was changed "
+                                      "after state_dict() wrote it (edited, truncated or corrupted)")
         missing = [k for k in BLOCK_STATE_KEYS if k not in state]
         if missing:
             raise ResumeMismatchError(f"{_WHAT} lacks {missing}")
+        if not isinstance(state["done"], bool) or not (state["pipeline"] is None or isinstance(state["pipeline"], dict)):
+            raise ResumeMismatchError(f"{_WHAT}: done must be true or false and pipeline a mapping or null")
         differences = self.differences(state)
         if differences:
             raise ResumeMismatchError(

@@ -79,6 +79,14 @@ def _digest(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
+def content_digest(value: Any) -> str:
+    """SHA-256 of plain data, the same after a round trip through JSON (keys sorted)."""
+    try:
+        return _digest(json.dumps(value, sort_keys=True, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise ResumeMismatchError(f"a loader state holds a value JSON cannot hold ({exc})") from None
+
+
 def unpack_state(state: Any) -> dict[str, Any]:
     """The global state inside a loader state (plain data), checked for version and keys."""
     if not isinstance(state, dict):

@@ -255,3 +255,28 @@ def test_a_version_3_state_loads_and_says_it_was_not_verified(corpus):
     assert resumed.resume_report.mode == "exact"
     assert any("no digest" in a for a in resumed.resume_report.approximations)
     assert_batches_equal(take(resumed, 3), take(first, 3))
+
+
+def test_every_single_change_to_an_iterator_state_is_refused(corpus):
+    """The state of a dataset iterated directly (a plain DataLoader, torchdata's
+    StatefulDataLoader) carries a digest too."""
+    from streamforge.blocks import BlockIterator
+
+    it = BlockIterator(dataset(corpus, weights=[0.6, 0.4]), worker=0, num_workers=1)
+    for _ in range(9):
+        next(it)
+    saved = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    refused = 0
+    mutations = list(_mutations(saved))
+    for path, how, value in mutations:
+        if path == ("digest",):
+            continue
+        fresh = BlockIterator(dataset(corpus, weights=[0.6, 0.4]), worker=0, num_workers=1)
+        with pytest.raises(ResumeMismatchError):
+            fresh.load_state_dict(_apply(saved, path, how, value))
+        refused += 1
+    assert refused > 100
+    fresh = BlockIterator(dataset(corpus, weights=[0.6, 0.4]), worker=0, num_workers=1)
+    fresh.load_state_dict(saved)
+    assert fresh.state_dict() == saved

@@ -24,6 +24,7 @@ from streamforge.blocks import BlockIterator
 from streamforge.batch import expand
 from streamforge.dataset import WorkerPipeline
 from streamforge.storage.config import StorageConfig
+from streamforge.state import content_digest
 
 stateful = pytest.importorskip(
     "torchdata.stateful_dataloader",
@@ -243,6 +244,10 @@ def test_iterator_refuses_another_workers_or_configs_state(corpus):
         BlockIterator(dataset(corpus), worker=1, num_workers=2).load_state_dict(dict(state, version=7))
     broken = json.loads(json.dumps(state))
     WorkerPipeline.stream_states(broken["pipeline"])[0]["reader"]["offset"] = 10**6
+    with pytest.raises(ResumeMismatchError, match=r"digest does not match its content"):
+        BlockIterator(dataset(corpus), worker=1, num_workers=2).load_state_dict(broken)
+    broken.pop("digest")  # behind a matching digest, the cursor checks name the stage and value
+    broken["digest"] = content_digest(broken)
     with pytest.raises(ResumeMismatchError, match=r"ShardReader\(web\): offset 1000000"):
         BlockIterator(dataset(corpus), worker=1, num_workers=2).load_state_dict(broken)
 
