@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ManifestError, StorageError
+from ..errors import ConfigError, ManifestError, ShardCorruptError, StorageError
 from ..storage.config import RetryPolicy
 from ..storage.open import describe_missing, join, open_url
 from ..storage.retry import Retrier, is_credentials_error
+from .checks import check_header, check_rows, shard_table, show_value
 
 FORMAT_NAME = "streamforge"
 FORMAT_VERSION = 1
@@ -30,8 +32,28 @@ _INT_COLUMNS = ("bytes", "num_records", "num_tokens", "num_frames", "index_offse
 _OPTIONAL_COLUMNS = ("num_docs",)  # non-empty records per shard (what the job clock counts)
 
 
-def shard_name(shard: int, compressed: bool = True) -> str:
-    return f"shard-{shard:06d}.tar" + (".zst" if compressed else "")
+# A shard file is ``shard-NNNNNN.tar.zst`` (``.tar`` uncompressed) in the first generation
+# written to a prefix, and ``shard-NNNNNN.gG.tar.zst`` (G >= 1) when a conversion replaces a
+# stream: new shards never take a name the live manifest lists (docs/convert.md).
+SHARD_NAME_RE = re.compile(r"^shard-(\d{6,})(?:\.g([1-9]\d*))?\.tar(?:\.zst)?$")
+
+
+def shard_name(shard: int, compressed: bool = True, generation: int = 0) -> str:
+    tag = f".g{generation}" if generation else ""
+    return f"shard-{shard:06d}{tag}.tar" + (".zst" if compressed else "")
+
+
+def shard_generation(name: str) -> int:
+    """The generation of a writer-made shard name (0 untagged); -1 for any other name."""
+    match = SHARD_NAME_RE.match(name)
+    return -1 if match is None else int(match.group(2) or 0)
+
+
+def _untagged(name: str) -> str:
+    """``name`` without its generation tag: the fingerprint of a rewritten stream of the same
+    content stays the same."""
+    match = SHARD_NAME_RE.match(name)
+    return name if match is None or not match.group(2) else name.replace(f".g{match.group(2)}.", ".", 1)
 
 
 @dataclass(frozen=True)
@@ -117,7 +139,7 @@ class Manifest:
         head = [self.token_dtype, self.eos_id, self.docs_end_with_eos, self.num_shards]
         h.update(json.dumps(head).encode())
         rows = zip(self.shard_names, self.shard_sha256, self.columns["num_records"].tolist())
-        h.update("".join(f"{name}:{digest}:{n};" for name, digest, n in rows).encode())
+        h.update("".join(f"{_untagged(name)}:{digest}:{n};" for name, digest, n in rows).encode())
         return h.hexdigest()[:32]
 
     # -- (de)serialization ----------------------------------------------------------------
@@ -157,21 +179,15 @@ class Manifest:
                 f"{where}: format version {data.get('version')!r}, this streamforge reads "
                 f"version {FORMAT_VERSION}"
             )
-        try:
-            shards = data["shards"]
-            columns = {k: np.asarray(shards[k], dtype=np.int64) for k in _INT_COLUMNS}
-            columns.update({k: np.asarray(shards[k], dtype=np.int64) for k in _OPTIONAL_COLUMNS if k in shards})
-            names, digests = list(shards["name"]), list(shards["sha256"])
-            token_dtype = data["token_dtype"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}: malformed shard table ({exc!r})") from exc
+        # Nothing in the file is trusted: checks.py bounds every value and names the field.
+        token_dtype = data.get("token_dtype")
         if data.get("compression", "zstd") not in ("zstd", "none"):
-            raise ManifestError(f"{where}: unknown compression {data.get('compression')!r}")
+            raise ManifestError(f"{where}: unknown compression {show_value(data.get('compression'))}")
         if token_dtype not in TOKEN_DTYPES:
-            raise ManifestError(f"{where}: token_dtype {token_dtype!r} not in {TOKEN_DTYPES}")
-        lengths = {len(names), len(digests), *(len(v) for v in columns.values())}
-        if len(lengths) != 1:
-            raise ManifestError(f"{where}: shard table columns have different lengths")
+            raise ManifestError(f"{where}: token_dtype {show_value(token_dtype)} not in {TOKEN_DTYPES}")
+        check_header(data, where)
+        names, digests, columns = shard_table(data.get("shards"), _INT_COLUMNS, _OPTIONAL_COLUMNS, where)
+        check_rows(columns, names, np.dtype(token_dtype).itemsize, data.get("compression", "zstd"), where)
         manifest = cls(
             token_dtype=token_dtype,
             shard_names=names,
@@ -186,7 +202,7 @@ class Manifest:
             tokenizer=data.get("tokenizer"),
             url=url,
         )
-        for key in ("num_shards", "num_records", "num_tokens"):
+        for key in ("num_shards", "num_records", "num_tokens", "num_bytes"):
             if key in data and data[key] != getattr(manifest, key):
                 raise ManifestError(
                     f"{where}: {key} says {data[key]}, the shard table sums to "
@@ -198,7 +214,7 @@ class Manifest:
     def loads(cls, blob: bytes, url: str | None = None) -> Manifest:
         try:
             data = json.loads(blob)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
             raise ManifestError(f"{url or 'manifest'}: not valid JSON ({exc})") from exc
         return cls.from_json(data, url)
 
@@ -235,6 +251,8 @@ class Manifest:
                 f"{url}: access denied reading {MANIFEST_NAME} ({exc}); check the credentials "
                 "in storage_options (key/secret, profile, token) or the bucket's policy"
             ) from exc
+        except ShardCorruptError as exc:  # not a regular file (storage/local.py)
+            raise ManifestError(f"{url}: cannot read {MANIFEST_NAME}: {exc}") from exc
         except StorageError:
             raise
         except Exception as exc:  # noqa: BLE001 - credential errors come as library types

@@ -8,16 +8,15 @@ objects would dominate the cost.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import zstandard
 
 from ..errors import ShardCorruptError
+from .checks import check_index  # noqa: F401 - read by streamforge/source, which imports it from here
 from .frames import ShardIndex, decode_frame
-
-if TYPE_CHECKING:
-    from .manifest import Manifest
+from .tar import member_mismatch
 
 
 class DocBatch:
@@ -80,40 +79,24 @@ class DocBatch:
         return DocBatch(np.zeros(0, dtype), np.zeros(1, np.int64), z, z.copy())
 
 
-def check_index(index: ShardIndex, manifest: Manifest, shard: int, where: str) -> None:
-    """Raise ``ShardCorruptError`` where a decoded shard index disagrees with the manifest
-    (counts, where the frames end), its frames are not laid end to end, or a record's tokens
-    or metadata lie outside the frame that holds it (a read would otherwise cut the record
-    short without a word)."""
-    col = manifest.columns
-    frames = index.frames
-    ends = frames["comp_offset"].astype(np.int64) + frames["comp_size"]
-    problems = [
-        (index.num_records, int(col["num_records"][shard]), "records"),
-        (index.num_frames, int(col["num_frames"][shard]), "frames"),
-        (index.num_tokens, int(col["num_tokens"][shard]), "tokens"),
-        (int(ends[-1]) if len(ends) else 0, int(col["index_offset"][shard]), "bytes of frames"),
-    ]
-    for found, expected, what in problems:
-        if found != expected:
-            raise ShardCorruptError(f"{where}: index lists {found} {what}, manifest {expected}")
-    if len(frames) and (frames["comp_offset"][0] != 0 or np.any(frames["comp_offset"][1:] != ends[:-1])):
-        raise ShardCorruptError(f"{where}: index frames are not contiguous")
-    records = index.records
-    if len(records) and len(frames):
-        if np.any(np.diff(index.first_records) < 0) or index.first_records[0] != 0:
-            raise ShardCorruptError(f"{where}: index frames do not start at record 0 in order")
-        room = frames["raw_size"].astype(np.int64)[index.frame_of_record(np.arange(len(records)))]
-        itemsize = np.dtype(manifest.token_dtype).itemsize
-        token_end = records["token_offset"].astype(np.int64) + records["num_tokens"].astype(np.int64) * itemsize
-        meta_end = records["meta_offset"].astype(np.int64) + records["meta_size"]
-        outside = (token_end > room) | ((records["meta_size"] > 0) & (meta_end > room))
-        if outside.any():
-            r = int(np.argmax(outside))
-            raise ShardCorruptError(
-                f"{where}: index puts record {r} outside its frame {index.frame_of_record(r)} "
-                f"({int(room[r])} bytes)"
-            )
+def check_frame_records(index: ShardIndex, frame: int, raw, itemsize: int, where: str) -> None:
+    """Raise ``ShardCorruptError`` unless the tar header of every record of ``frame`` (its
+    decoded bytes ``raw``) gives the member the size the index does: a record longer or
+    shorter than its index says would otherwise be cut short, or padded with the next
+    member's bytes, without a word. Once per decoded frame, vectorized."""
+    lo, hi = int(index.first_records[frame]), index.record_stop(frame)
+    if hi <= lo:
+        return
+    bad, kind, expected, said = member_mismatch(np.frombuffer(raw, np.uint8), index.records[lo:hi], itemsize)
+    if bad >= 0:
+        raise ShardCorruptError(f"{where} frame {frame} record {lo + bad}: {member_problem(kind, expected, said)}")
+
+
+def member_problem(kind: str, expected: int, said: int | None) -> str:
+    """What is wrong with a record's tar member (``tar.member_mismatch``)."""
+    what = "no tar header" if said is None else f"a tar header of {said} bytes"
+    return (f"its .{kind} member has {what} where the index puts one of {expected} bytes "
+            "(the record is not the length its index says)")
 
 
 def gather(
@@ -168,6 +151,9 @@ def records_of_rows(
         off, n = int(row["token_offset"]), int(row["num_tokens"])
         if off + n * itemsize > len(raws[f]):
             raise ShardCorruptError(f"{where_record(f, r)}: record lies outside its frame")
+        bad, kind, expected, said = member_mismatch(np.frombuffer(raws[f], np.uint8), rows[r - start : r - start + 1], itemsize)
+        if bad >= 0:
+            raise ShardCorruptError(f"{where_record(f, r)}: {member_problem(kind, expected, said)}")
         yield np.frombuffer(raws[f], dtype, n, off).copy()
 
 

@@ -4,6 +4,12 @@ Shard and frame boundaries are a pure function of the records' archive sizes (``
 so a parallel converter can place every record before writing a byte, and any number of
 workers produces the same files. A dataset becomes visible only when its manifest is
 written, after every shard.
+
+Replacing a stream never touches a file its live manifest lists: the new shards take the next
+*generation* of names (``shard-NNNNNN.gG.tar.zst``, ``manifest.shard_name``), ``index.json``
+is replaced last (one PUT on an object store, a rename on a local disk), and only then are
+the files the new manifest does not list removed. Whenever a conversion is killed, the
+prefix opens as the old complete stream or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..storage.open import join, open_url
 from .frames import CODECS, FRAME_DTYPE, RECORD_DTYPE, encode_index, frame_encoder
-from .manifest import MANIFEST_NAME, TOKEN_DTYPES, Manifest, shard_name
+from .manifest import MANIFEST_NAME, TOKEN_DTYPES, Manifest, shard_generation, shard_name
 from .tar import (
     BLOCK,
     END_OF_ARCHIVE,
@@ -244,10 +250,12 @@ def _finish_shard(parts: list[bytes], frames: np.ndarray, table: np.ndarray, num
     return EncodedShard(parts=parts, counts=counts)
 
 
-def write_shard(fs, path: str, shard: int, encoded: EncodedShard, compression: str = "zstd") -> dict[str, Any]:
-    """Write one encoded shard as ``<path>/shard-NNNNNN.tar.zst`` (``.tar`` uncompressed);
-    returns its manifest row."""
-    name = shard_name(shard, compressed=compression != "none")
+def write_shard(
+    fs, path: str, shard: int, encoded: EncodedShard, compression: str = "zstd", generation: int = 0
+) -> dict[str, Any]:
+    """Write one encoded shard as ``<path>/shard-NNNNNN.tar.zst`` (``.tar`` uncompressed;
+    ``shard-NNNNNN.gG.tar.zst`` for a later ``generation``); returns its manifest row."""
+    name = shard_name(shard, compressed=compression != "none", generation=generation)
     digest = hashlib.sha256()
     with fs.open(join(path, name), "wb") as out:
         for part in encoded.parts:
@@ -315,7 +323,8 @@ def _protocols(fs) -> tuple[str, ...]:
 
 def remove_unlisted(fs, path: str, manifest: Manifest) -> list[str]:
     """Remove the shard files under ``path`` that ``manifest`` does not list (after it is in
-    place: leftovers of an earlier, larger conversion); returns their names."""
+    place: the previous generation, leftovers of a killed or larger conversion); returns
+    their names."""
     listed = set(manifest.shard_names)
     fs.invalidate_cache(path)
     stale = []
@@ -327,24 +336,52 @@ def remove_unlisted(fs, path: str, manifest: Manifest) -> list[str]:
     return stale
 
 
+def next_generation(live: Manifest | None) -> int:
+    """The generation of shard names a conversion writes beside the ``live`` manifest: one past
+    every name it lists, so no live shard is ever written over (0 for a new prefix)."""
+    if live is None:
+        return 0
+    return 1 + max((shard_generation(n) for n in live.shard_names), default=0)
+
+
+def make_output_dir(fs, path: str, url: str) -> None:
+    """Create the output directory (a no-op on object stores), or a ``ConfigError`` naming
+    ``url`` when a local path is, or lies under, a regular file."""
+    if "file" in _protocols(fs) and fs.isfile(path):
+        raise ConfigError(f"{url}: the output path is a regular file; a stream is a directory, "
+                          "give a directory path (new or holding a stream)")
+    try:
+        fs.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise ConfigError(f"{url}: cannot create the output directory: {exc}") from exc
+
+
+def live_manifest(fs, path: str, url: str) -> tuple[bool, Manifest | None]:
+    """(whether ``index.json`` exists, the manifest or None where it does not parse)."""
+    target = join(path, MANIFEST_NAME)
+    if not fs.exists(target):
+        return False, None
+    try:
+        return True, Manifest.loads(fs.cat_file(target), url)
+    except Exception:  # noqa: BLE001 - any unreadable manifest is "a different dataset"
+        return True, None
+
+
 def prepare_output(
     fs, path: str, url: str, *, source_fingerprint: str | None, overwrite: bool,
     layout: dict[str, Any] | None = None,
-) -> None:
-    """Refuse an output prefix that already holds a different dataset.
+) -> int:
+    """Refuse an output prefix that already holds a different dataset; returns the generation
+    of shard names to write (``next_generation``).
 
     The same source converted with the same parameters (``layout``: the ``conversion``
-    entries that decide the shard files, such as the shard size) may be written again (the
-    bytes are identical); with ``overwrite`` the old manifest is removed first, so a
-    half-rewritten prefix never opens as a complete stream.
+    entries that decide the shard files, such as the shard size) may be written again, and
+    with ``overwrite`` any other dataset may be replaced. Either way the live stream stays
+    as it is until the new manifest replaces it.
     """
-    target = join(path, MANIFEST_NAME)
-    if not fs.exists(target):
-        return
-    try:
-        existing = Manifest.loads(fs.cat_file(target), url)
-    except Exception:  # noqa: BLE001 - any unreadable manifest is "a different dataset"
-        existing = None
+    found, existing = live_manifest(fs, path, url)
+    if not found:
+        return 0
     same = (
         existing is not None
         and source_fingerprint is not None
@@ -352,7 +389,7 @@ def prepare_output(
         and all(existing.conversion.get(k) == v for k, v in (layout or {}).items())
     )
     if same:
-        return
+        return next_generation(existing)
     if not overwrite:
         what = (
             f"{existing.num_shards} shards, {existing.num_records} records, source "
@@ -364,7 +401,7 @@ def prepare_output(
             f"{url} already holds a different dataset ({what}); write to another prefix, or "
             "pass overwrite=True / --overwrite to replace it"
         )
-    fs.rm(target)
+    return next_generation(existing)
 
 
 class ShardWriter:
@@ -410,8 +447,8 @@ class ShardWriter:
         self.conversion = dict(conversion or {})
         self.source_fingerprint = source_fingerprint
         self._fs, self._path = open_url(self.url, storage_options)
-        self._fs.makedirs(self._path, exist_ok=True)  # a no-op on object stores
-        prepare_output(
+        make_output_dir(self._fs, self._path, self.url)
+        self._generation = prepare_output(
             self._fs, self._path, self.url, source_fingerprint=source_fingerprint, overwrite=overwrite
         )
         self._pending: list[tuple[int, np.ndarray, bytes | None]] = []
@@ -452,7 +489,9 @@ class ShardWriter:
             self._pending, frame_size=self.frame_size, compression_level=self.compression_level,
             compression=self.compression,
         )
-        self._rows.append(write_shard(self._fs, self._path, len(self._rows), encoded, self.compression))
+        self._rows.append(
+            write_shard(self._fs, self._path, len(self._rows), encoded, self.compression, self._generation)
+        )
         self._pending, self._pending_bytes = [], 0
 
     def close(self) -> Manifest:
@@ -480,6 +519,7 @@ class ShardWriter:
             compression=self.compression,
         )
         write_manifest(self._fs, self._path, manifest)
+        remove_unlisted(self._fs, self._path, manifest)
         self._manifest = manifest
         return manifest
 
@@ -487,6 +527,7 @@ class ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        # On an exception the manifest is not written: the prefix never opens as complete.
+        # On an exception the manifest is not written: the prefix keeps opening as the stream
+        # it held before (if any), never as this half-written one.
         if exc_type is None:
             self.close()

@@ -20,7 +20,7 @@ import zstandard
 from ..errors import ShardCorruptError, StorageError
 from ..format.frames import ShardIndex, decode_frame, decode_index
 from ..format.manifest import Manifest
-from ..format.reader import DocBatch, check_index, gather
+from ..format.reader import DocBatch, check_frame_records, check_index, gather
 from ..storage.cache import FrameCache
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher, fetch_frames
@@ -231,6 +231,7 @@ class ShardSource:
             raise ShardCorruptError(
                 f"{self.where(shard, f, records)}: frame does not decode ({exc})"
             ) from exc
+        check_frame_records(index, f, raw, self.dtype.itemsize, self.where(shard))
         self.counters["bytes_needed"] += int(index.frames["comp_size"][f])
         self.counters["frames_decoded"] += 1
         return raw

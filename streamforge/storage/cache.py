@@ -1,8 +1,10 @@
 """A local disk cache of compressed frames, shared by processes, evicted least recently used.
 
-Layout: ``<cache_dir>/<stream fingerprint>/<shard name>/<frame>.zst``, one file per frame
+Layout: ``<cache_dir>/<stream fingerprint>/<shard key>/<frame>.zst``, one file per frame
 holding exactly the frame's compressed bytes. The stream fingerprint is a digest of every
-shard's sha256, so a stream rewritten in place never serves stale frames.
+shard's sha256, so a stream rewritten in place never serves stale frames. The shard key is a
+digest of the shard's name: no path under ``cache_dir`` is made of manifest text, so no
+manifest can place a file outside it.
 
 - **Writes are atomic**: a frame is written to a temporary file in the same directory and
   renamed into place, so a reader in another process or rank sees the whole frame or none.
@@ -15,16 +17,30 @@ shard's sha256, so a stream rewritten in place never serves stale frames.
   per-frame content checksum is checked when it is decoded; the reader then drops the entry
   and fetches the frame again from the stream (``ShardSource``).
 - A frame evicted while another process opens it is simply a miss.
+- **The cache never stops a read.** A ``cache_dir`` that cannot be created or used (a
+  regular file in the way, no permission, a read-only disk) is reported once, with a warning,
+  and the cache is then off for the process: frames come from the stream.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import logging
 import os
+import re
 import threading
 import uuid
 
 SUFFIX = ".zst"
+log = logging.getLogger("streamforge.storage")
+_WARNED: set[str] = set()  # cache roots found unusable, warned about once per process
+_DIGEST = re.compile(r"[0-9a-f]{8,64}")
+
+
+def shard_key(shard_name: str) -> str:
+    """The directory of a shard's frames: a digest of its name, never the name itself."""
+    return hashlib.sha256(shard_name.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 class FrameCache:
@@ -32,7 +48,10 @@ class FrameCache:
 
     def __init__(self, root: str, namespace: str, limit: int | None = None) -> None:
         self.root = os.path.abspath(os.path.expanduser(str(root)))
+        if not _DIGEST.fullmatch(namespace):  # a stream fingerprint is one already
+            namespace = shard_key(namespace)
         self.dir = os.path.join(self.root, namespace)
+        self.disabled = False  # set for good when the cache directory turns out unusable
         self.limit = limit
         self.hits = 0
         self.misses = 0
@@ -53,16 +72,34 @@ class FrameCache:
         self._lock = threading.Lock()
 
     def path(self, shard_name: str, frame: int) -> str:
-        return os.path.join(self.dir, shard_name, f"{frame:08d}{SUFFIX}")
+        return os.path.join(self.dir, shard_key(shard_name), f"{frame:08d}{SUFFIX}")
+
+    def _unusable(self, exc: OSError) -> None:
+        """Turn the cache off for good, warning once per process and cache root."""
+        self.disabled = True
+        if self.root not in _WARNED:
+            _WARNED.add(self.root)
+            log.warning(
+                "frame cache %s cannot be used (%s: %s); reading without it", self.root,
+                type(exc).__name__, exc,
+            )
 
     def get(self, shard_name: str, frame: int, size: int) -> bytes | None:
-        """The cached bytes of a frame, or None (absent, evicted, or the wrong size)."""
+        """The cached bytes of a frame, or None (absent, evicted, the wrong size, or the cache
+        off)."""
         path = self.path(shard_name, frame)
         try:
+            if self.disabled:
+                raise FileNotFoundError(path)
             with open(path, "rb") as f:
                 data = f.read()
             os.utime(path)
         except FileNotFoundError:
+            with self._lock:
+                self.misses += 1
+            return None
+        except OSError as exc:  # not a directory, no permission, an I/O error
+            self._unusable(exc)
             with self._lock:
                 self.misses += 1
             return None
@@ -76,8 +113,14 @@ class FrameCache:
         return data
 
     def put(self, shard_name: str, frame: int, data: bytes | memoryview) -> None:
+        if self.disabled:
+            return
         path = self.path(shard_name, frame)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:
+            self._unusable(exc)
+            return
         tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with open(tmp, "wb") as f:
@@ -96,7 +139,7 @@ class FrameCache:
     def drop(self, shard_name: str, frame: int, corrupt: bool = True) -> None:
         try:
             os.unlink(self.path(shard_name, frame))
-        except FileNotFoundError:
+        except OSError:  # gone already, or the cache unusable (get() reported it)
             pass
         if corrupt:
             with self._lock:
@@ -118,8 +161,15 @@ class FrameCache:
 
     def evict(self) -> int:
         """Delete least recently used frames until the cache fits ``limit``; returns bytes freed."""
-        os.makedirs(self.root, exist_ok=True)
-        with open(os.path.join(self.root, ".lock"), "a+b") as lock:
+        if self.disabled:
+            return 0
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            lock = open(os.path.join(self.root, ".lock"), "a+b")
+        except OSError as exc:
+            self._unusable(exc)
+            return 0
+        with lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -153,7 +203,7 @@ class FrameCache:
         while stack:
             try:
                 it = os.scandir(stack.pop())
-            except FileNotFoundError:
+            except OSError:  # gone, or not a directory: nothing cached there
                 continue
             with it:
                 for entry in it:

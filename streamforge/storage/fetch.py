@@ -5,8 +5,10 @@
 request and retried under the ``RetryPolicy``. A retry asks again for the same range, which
 always starts at a frame boundary at or after the reader's current frame, never at the shard
 start. Reads from an object store are hedged (``hedge.Hedger``): one still running well past
-its peers' latency gets a twin request, and the first answer wins. A short body is a transient fault (retried) unless the object itself is shorter than
-the manifest says: then the shard is truncated and ``ShardCorruptError`` names it.
+its peers' latency gets a twin request, and the first answer wins. A short body is a transient
+fault (retried) unless the object itself is shorter than the manifest says, or the file is
+local: then the shard is truncated and ``ShardCorruptError`` names it at once. So does a range
+past the end the manifest gives the shard, and a shard the manifest lists but storage lacks.
 """
 
 from __future__ import annotations
@@ -122,9 +124,14 @@ class ByteFetcher:
         ``what`` names the shard/frame/records for error messages; ``file_size`` is the size
         the manifest gives the file, checked when a read comes back short.
         """
+        where = what or f"{self.url}/{name}"
+        if not 0 <= start <= stop or (file_size is not None and stop > file_size):
+            # the range comes from an index or a manifest: past the file's end is damage, not
+            # something a retry can fix
+            size = "" if file_size is None else f" of a {file_size}-byte shard"
+            raise ShardCorruptError(f"{where}: bytes {start}..{stop} are not a range{size}")
         fs, path = self._open()
         target = join(path, name)
-        where = what or f"{self.url}/{name}"
         client = getattr(fs, "client", None)
 
         def request() -> bytes:
@@ -138,12 +145,17 @@ class ByteFetcher:
             if len(data) != stop - start:
                 if file_size is not None:
                     self._check_size(fs, target, where, file_size)
+                if self.local:  # a local file read short is cut, not a body lost in transit
+                    raise ShardCorruptError(f"{where}: asked for bytes {start}..{stop}, the file holds {len(data)} of them")
                 raise ShortRead(f"{where}: asked for bytes {start}..{stop}, got {len(data)}")
             return data
 
-        if self.hedger is None:
-            return self.retrier(request, where)
-        return self.hedger.run(lambda settled: self.retrier(request, where, settled), stop - start)
+        try:
+            if self.hedger is None:
+                return self.retrier(request, where)
+            return self.hedger.run(lambda settled: self.retrier(request, where, settled), stop - start)
+        except FileNotFoundError as exc:
+            raise ShardCorruptError(f"{where}: the manifest lists this shard, but it is not there ({exc})") from exc
 
     def _check_size(self, fs, target: str, where: str, file_size: int) -> None:
         size = self.retrier(lambda: fs.size(target), where)

@@ -17,7 +17,9 @@ and 1.2-1.4 ms (docs/storage.md has the loader's figures).
 
 It takes obstore's settings (``objstore.obstore_settings``): credentials stated or ``anon``,
 and a region or an endpoint; options it cannot honour leave the stream to s3fs. It answers
-each request once: streamforge's retry policy (storage/retry.py) retries.
+each request once: streamforge's retry policy (storage/retry.py) retries. It never sends a
+key with a ``.`` or ``..`` segment (``ConfigError``): urllib3 and servers resolve them, and
+``bucket/web/../../other/key`` would be ``GET /other/key``, another bucket's object.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from urllib.parse import quote, urlsplit
 import urllib3
 from botocore.awsrequest import AWSRequest
 
+from ..errors import ConfigError
 from .config import RetryPolicy
 from .objstore import error_for_status, s3_path
 
 _XML_FIELD = re.compile(r"<(Code|Message)>([^<]*)</\1>")
+_BUCKET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")  # S3's names, legacy ones too; never ".."
 
 
 class S3HttpReader:
@@ -113,6 +117,14 @@ class S3HttpReader:
         empty): path style under an endpoint, virtual-hosted on AWS where the settings ask
         for it and the name is a valid host name (a dotted one is not, under TLS)."""
         config = self._config
+        if not _BUCKET.fullmatch(bucket) or any(part in (".", "..") for part in key.split("/")):
+            # a "." or ".." segment is resolved by urllib3 or the server ("b/web/../../other/k"
+            # becomes "GET /other/k"): a key must never reach another bucket, whatever a
+            # manifest or a URL says
+            raise ConfigError(
+                f"s3://{bucket}/{key}: refusing a request for a bucket name S3 does not allow, or "
+                "for a key with a '.' or '..' segment, which could address another bucket"
+            )
         path = "/" + quote(key, safe="/~") if key else ""
         endpoint = config.get("endpoint")
         if endpoint:

@@ -153,17 +153,21 @@ def test_same_source_may_be_written_again(tmp_path):
     assert again.fingerprint == first.fingerprint
 
 
-def test_overwrite_removes_the_old_manifest_first(tmp_path):
+def test_overwrite_keeps_the_old_stream_until_close(tmp_path):
     url = str(tmp_path / "s")
-    write_stream(url, [[1, 2, 3]], source_fingerprint="old")
-    writer = ShardWriter(url, source_fingerprint="new", overwrite=True)
-    # From here until close() the prefix does not open as a (stale or half-written) stream.
-    assert not os.path.exists(tmp_path / "s" / MANIFEST_NAME)
+    old = write_stream(url, [[1, 2, 3]], source_fingerprint="old")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "s").iterdir()}
+    writer = ShardWriter(url, source_fingerprint="new", overwrite=True, shard_size=1)
     writer.write([7, 8])
-    writer.write([9])
+    writer.write([9])  # the first shard is written, under a name the old manifest does not list
+    # Until close() the prefix opens as the old stream, its files untouched.
+    assert {n: (tmp_path / "s" / n).read_bytes() for n in files} == files
+    assert Manifest.load(url).fingerprint == old.fingerprint
     writer.close()
     manifest = Manifest.load(url)
     assert manifest.source_fingerprint == "new" and manifest.num_records == 2
+    assert manifest.shard_names == ["shard-000000.g1.tar.zst", "shard-000001.g1.tar.zst"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [MANIFEST_NAME, *manifest.shard_names]
 
 
 def test_unreadable_manifest_counts_as_a_different_dataset(tmp_path):
@@ -172,5 +176,6 @@ def test_unreadable_manifest_counts_as_a_different_dataset(tmp_path):
     (url / MANIFEST_NAME).write_text("not json")
     with pytest.raises(ConfigError, match="unreadable manifest"):
         ShardWriter(str(url), source_fingerprint="x")
-    ShardWriter(str(url), source_fingerprint="x", overwrite=True)
-    assert not (url / MANIFEST_NAME).exists()
+    with ShardWriter(str(url), source_fingerprint="x", overwrite=True) as writer:
+        writer.write([1])
+    assert Manifest.load(str(url)).source_fingerprint == "x"

@@ -15,13 +15,15 @@ NUM_SHARDS = 100_000
 
 def big_manifest() -> Manifest:
     n = np.arange(NUM_SHARDS, dtype=np.int64)
+    records = 30_000 + n % 7
+    index_bytes = 32 + 256 * 20 + 16 * records  # what 256 frames and these records take
     columns = {
         "bytes": np.full(NUM_SHARDS, 64 << 20, np.int64),
-        "num_records": 30_000 + n % 7,
+        "num_records": records,
         "num_tokens": 30_000_000 + n % 1000,
         "num_frames": np.full(NUM_SHARDS, 256, np.int64),
-        "index_offset": np.full(NUM_SHARDS, (64 << 20) - 480_000, np.int64),
-        "index_bytes": np.full(NUM_SHARDS, 480_000, np.int64),
+        "index_offset": (64 << 20) - index_bytes,
+        "index_bytes": index_bytes,
     }
     return Manifest(
         token_dtype="uint16",
