@@ -6,7 +6,7 @@ caller orders them by slice. The shared value is sent once per worker process (l
 once in the object store (Ray), never once per task.
 
 ``local``: a process pool of ``workers`` processes (forked on Linux, so the pool starts in
-milliseconds and the shared value is inherited).
+milliseconds and the shared value is inherited), which die with this process (``lifeline``).
 
 ``ray``: connects to ``address`` (``--ray-address``), else to ``RAY_ADDRESS``, else starts a
 local cluster; a Ray session the caller already started (``ray.init(...)``) is used as it is.
@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError, StreamforgeError
+from .lifeline import die_with_parent
 from .run import pool_context
 
 ENGINES = ("local", "ray")
@@ -31,9 +32,10 @@ RAY_TASK_RETRIES = 3
 _SHARED: Any = None
 
 
-def _set_shared(shared: Any) -> None:
+def _init_worker(shared: Any, parent_pid: int) -> None:
     global _SHARED
     _SHARED = shared
+    die_with_parent(parent_pid)
 
 
 def _call(fn: Callable, task: Any) -> Any:
@@ -48,7 +50,8 @@ class LocalEngine:
     def __init__(self, workers: int, shared: Any) -> None:
         self.workers = workers
         self.pool = ProcessPoolExecutor(
-            max_workers=workers, mp_context=pool_context(), initializer=_set_shared, initargs=(shared,)
+            max_workers=workers, mp_context=pool_context(), initializer=_init_worker,
+            initargs=(shared, os.getpid()),
         )
 
     def run(self, fn: Callable, tasks: list) -> Iterator[Any]:

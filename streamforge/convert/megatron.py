@@ -13,12 +13,15 @@
     (modes      i8[seq_count]    multimodal datasets only; ignored)
 
 ``.bin`` is the token data. Everything is checked against the file sizes before a shard is
-written, and each problem raises ``SourceError`` naming the file.
+written, and each problem raises ``SourceError`` naming the file. A ``.bin`` longer than the
+``.idx`` accounts for converts (only the indexed tokens) with a warning naming both files:
+it may be a ``.bin`` appended to after its index was written, or the index of another file.
 """
 
 from __future__ import annotations
 
 import struct
+import warnings
 from typing import Any
 
 import numpy as np
@@ -112,6 +115,14 @@ def check_index(
                 f"{bin_path}: {bin_size} bytes, but {idx_path} places sequence {len(sizes) - 1} "
                 f"up to byte {int(ends[-1])}: the .bin is truncated"
             )
+    indexed = int((pointers + sizes * itemsize).max()) if len(pointers) else 0
+    if bin_size > indexed:
+        warnings.warn(
+            f"{bin_path}: {bin_size} bytes, but {idx_path} indexes only {indexed} "
+            f"({bin_size - indexed} bytes after the last sequence are not converted); is the "
+            ".idx the index of this .bin?",
+            stacklevel=3,
+        )
     if len(doc_idx) < 1 or int(doc_idx[0]) != 0 or int(doc_idx[-1]) != len(sizes):
         first = int(doc_idx[0]) if len(doc_idx) else None
         last = int(doc_idx[-1]) if len(doc_idx) else None

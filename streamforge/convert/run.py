@@ -7,8 +7,11 @@
 2. Every record's archive size follows from its length (``tar.records_nbytes``), so
    ``writer.cut_points`` places every shard boundary up front.
 3. Contiguous runs of shards go to N worker processes; each reads its documents with one
-   slice, encodes them (``writer.encode_shard_flat``) and writes straight to the output URL.
-4. The coordinator collects the manifest rows in shard order and writes ``index.json`` last.
+   slice, encodes them (``writer.encode_shard_flat``) and writes straight to the output URL,
+   under shard names the live manifest (if any) does not list (``writer.next_generation``).
+   Workers die with the coordinator (``lifeline``).
+4. The coordinator collects the manifest rows in shard order and writes ``index.json`` last,
+   then removes the shards it does not list (the previous generation).
 
 Shard bytes depend only on (documents, token dtype, shard size, frame size, level), never on
 the number of workers, so every N gives the same files.
@@ -36,6 +39,7 @@ from ..format.writer import (
     choose_token_dtype,
     cut_points,
     encode_shard_flat,
+    make_output_dir,
     parse_size,
     prepare_output,
     remove_unlisted,
@@ -47,6 +51,7 @@ from .base import ArraySource
 from .eos import decide
 from .flat import open_flat
 from .jsonl import open_jsonl, open_parquet
+from .lifeline import die_with_parent
 from .megatron import open_megatron
 from .npy import open_npy
 
@@ -94,6 +99,7 @@ class ShardJob:
     frame_size: int
     compression_level: int
     compression: str = "zstd"
+    generation: int = 0  # of the shard names written (``writer.next_generation``)
 
 
 def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
@@ -108,7 +114,7 @@ def run_job(job: ShardJob) -> list[tuple[int, dict[str, Any], int, int]]:
 
     def write(shard, encoded, documents, tokens):
         try:
-            row = write_shard(fs, path, shard, encoded, job.compression)
+            row = write_shard(fs, path, shard, encoded, job.compression, job.generation)
         except OSError as exc:
             exc.add_note(f"while writing shard {shard} of {job.url}")
             raise
@@ -274,8 +280,10 @@ def convert(
     fs, path = open_url(url, storage_options)
     layout = {"shard_size": shard_bytes, "frame_size": frame_bytes, "compression": compression,
               "compression_level": compression_level}
-    prepare_output(fs, path, url, source_fingerprint=fingerprint, overwrite=overwrite, layout=layout)
-    fs.makedirs(path, exist_ok=True)  # a no-op on object stores
+    make_output_dir(fs, path, url)
+    generation = prepare_output(
+        fs, path, url, source_fingerprint=fingerprint, overwrite=overwrite, layout=layout
+    )
     jobs = [
         ShardJob(
             source=source.view(run[0][1], run[-1][2]),
@@ -286,6 +294,7 @@ def convert(
             frame_size=frame_bytes,
             compression_level=compression_level,
             compression=compression,
+            generation=generation,
         )
         for run in plan_jobs(doc_starts, num_docs, workers)
     ]
@@ -320,8 +329,7 @@ def convert(
         compression=compression,
     )
     write_manifest(fs, path, manifest)
-    if overwrite:
-        remove_unlisted(fs, path, manifest)
+    remove_unlisted(fs, path, manifest)
     return manifest
 
 
@@ -349,7 +357,10 @@ def run_jobs(jobs: list[ShardJob], workers: int, update: Callable[[int, int], No
         for job in jobs:
             collect(run_job(job))
     else:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context()) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=pool_context(), initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
             futures = [pool.submit(run_job, job) for job in jobs]
             for future in as_completed(futures):
                 collect(future.result())

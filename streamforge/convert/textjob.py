@@ -117,6 +117,7 @@ class WriteTask:
     first_record: int
     first_shard: int
     receipts: dict[int, dict[str, Any]] = field(default_factory=dict)  # shard -> row
+    generation: int = 0  # of the shard names written (``writer.next_generation``)
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ def _write(fs, path, task: WriteTask, spec, encoder, dtype, texts, first_doc, sh
         compression=task.compression,
     )
     try:
-        row = write_shard(fs, path, shard, encoded, task.compression)
+        row = write_shard(fs, path, shard, encoded, task.compression, task.generation)
         with fs.open(receipt_path(path, shard, task.compression), "wb") as out:
             out.write(json.dumps(row, sort_keys=True).encode())
     except OSError as exc:

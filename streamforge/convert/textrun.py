@@ -8,11 +8,13 @@
 3. From the scans, every slice's first record and first shard follow by prefix sums; the
    content fingerprint and the conversion id (fingerprint plus every layout parameter) too.
 4. Claim the output prefix (``claim_output``): a new prefix, or the unfinished or finished
-   run of this very conversion (resume), or, with ``overwrite``, any other.
+   run of this very conversion (resume), or, with ``overwrite``, any other. A live stream
+   there stays as it is: new shards take names its manifest does not list
+   (``writer.next_generation``).
 5. One ``textjob.write_slice`` task per slice tokenizes and writes its shards straight to the
    destination, each followed by a receipt; shards verified from an earlier run are kept.
-6. The manifest goes last (atomically); then, with ``overwrite``, shards it does not list are
-   removed, and the receipts with them.
+6. The manifest goes last (atomically); then the shards it does not list (the previous
+   generation, leftovers of a killed run) are removed, and the receipts with them.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ import numpy as np
 
 from ..errors import ConfigError, SourceError
 from ..format.frames import CODECS
-from ..format.manifest import MANIFEST_NAME, TOKEN_DTYPES, Manifest
-from ..format.writer import build_manifest, choose_token_dtype, remove_unlisted, write_manifest
+from ..format.manifest import TOKEN_DTYPES, Manifest
+from ..format.writer import (
+    build_manifest,
+    choose_token_dtype,
+    live_manifest,
+    make_output_dir,
+    next_generation,
+    remove_unlisted,
+    write_manifest,
+)
 from ..storage.open import join, open_url
 from .engines import make_engine
 from .text import BAD_ROW_POLICIES, list_slices
@@ -99,10 +109,10 @@ def convert_text(
             "bytes_per_token_estimate": BYTES_PER_TOKEN, "eos_id": spec.eos_id,
         }
         conversion_id = _digest([fingerprint, json.dumps(params, sort_keys=True)])[:32]
-        receipts = claim_output(fs, path, url, conversion_id, overwrite)
+        receipts, generation = claim_output(fs, path, url, conversion_id, overwrite)
         template = WriteTask(
             slices[0], scans[0], text_field, on_bad_row, in_opts, url, storage_options, chosen,
-            frame_size, compression_level, compression, 0, 0,
+            frame_size, compression_level, compression, 0, 0, generation=generation,
         )
         bar.phase("tokenize", num_docs, "doc")
         done = _ordered(
@@ -129,8 +139,7 @@ def convert_text(
         source_fingerprint=fingerprint, compression=compression, tokenizer=spec.record(),
     )
     write_manifest(fs, path, manifest)
-    if overwrite:
-        remove_unlisted(fs, path, manifest)
+    remove_unlisted(fs, path, manifest)
     _remove_state(fs, path)
     bar.summary(manifest, len(skipped), sum(d.kept for d in done), time.perf_counter() - start)
     return manifest
@@ -201,54 +210,62 @@ def _digest(parts: list[str]) -> str:
     return h.hexdigest()
 
 
-def claim_output(fs, path: str, url: str, conversion_id: str, overwrite: bool) -> dict[int, dict]:
-    """Make the prefix ours; returns the receipts (shard -> manifest row) of an earlier run of
-    this same conversion, which the tasks verify by hash before keeping.
+def claim_output(
+    fs, path: str, url: str, conversion_id: str, overwrite: bool
+) -> tuple[dict[int, dict], int]:
+    """Make the prefix ours; returns the receipts (shard -> manifest row) of earlier runs of
+    this same conversion, which the tasks verify by hash before keeping, and the generation
+    of the shard names to write.
 
     A prefix holding anything else (a manifest of another conversion, the unfinished state of
-    another, or stray shards) is refused unless ``overwrite``; then its manifest and state are
-    removed first, so the prefix never opens as a stream while shards are rewritten.
+    another, or stray shards) is refused unless ``overwrite``; then the other unfinished state
+    is removed. A live manifest is never removed: it stays the stream until this
+    conversion's manifest replaces it, and its shards are never written over.
     """
+    make_output_dir(fs, path, url)
     state = join(path, STATE_DIR)
     job_path = join(state, JOB_NAME)
-    manifest_path = join(path, MANIFEST_NAME)
+    found, existing = live_manifest(fs, path, url)
+    job = _read_job(fs, job_path)
+    mine = job is not None and job.get("conversion_id") == conversion_id
     receipts: dict[int, dict] = {}
     other = None
-    if fs.exists(manifest_path):
-        try:
-            existing = Manifest.loads(fs.cat_file(manifest_path), url)
-        except Exception:  # noqa: BLE001 - an unreadable manifest is another dataset
-            existing = None
-        if existing is not None and existing.conversion.get("conversion_id") == conversion_id:
-            receipts = {_shard_number(r.name): _row(r) for r in existing.shards}
-        else:
-            other = (
-                f"a different dataset ({existing.num_shards} shards, {existing.num_records} records, "
-                f"source fingerprint {existing.source_fingerprint})"
-                if existing is not None else "a different dataset (an unreadable manifest)"
-            )
-    elif fs.exists(job_path):
-        job = json.loads(fs.cat_file(job_path))
-        if job.get("conversion_id") == conversion_id:
-            receipts = _read_receipts(fs, state)
-        else:
-            other = "the unfinished conversion of a different dataset"
-    elif _shard_files(fs, path):
+    if existing is not None and existing.conversion.get("conversion_id") == conversion_id:
+        receipts = {_shard_number(r.name): _row(r) for r in existing.shards}
+    elif found:
+        other = (
+            f"a different dataset ({existing.num_shards} shards, {existing.num_records} records, "
+            f"source fingerprint {existing.source_fingerprint})"
+            if existing is not None else "a different dataset (an unreadable manifest)"
+        )
+    elif job is not None and not mine:
+        other = "the unfinished conversion of a different dataset"
+    elif job is None and _shard_files(fs, path):
         other = f"{len(_shard_files(fs, path))} shards and no manifest"
-    if other is not None:
-        if not overwrite:
-            raise ConfigError(
-                f"{url} already holds {other}; write to another prefix, or pass overwrite=True / "
-                "--overwrite to replace it"
-            )
-        if fs.exists(manifest_path):
-            fs.rm(manifest_path)
+    if other is not None and not overwrite:
+        raise ConfigError(
+            f"{url} already holds {other}; write to another prefix, or pass overwrite=True / "
+            "--overwrite to replace it"
+        )
+    if mine:  # a killed run of this conversion: its receipts name the newer shards
+        receipts.update(_read_receipts(fs, state))
+    else:
         _remove_state(fs, path)
-    fs.makedirs(state, exist_ok=True)  # a no-op on object stores
-    if not receipts and not fs.exists(job_path):
+        fs.makedirs(state, exist_ok=True)  # a no-op on object stores
         with fs.open(job_path, "wb") as out:
             out.write(json.dumps({"conversion_id": conversion_id}).encode())
-    return receipts
+    return receipts, next_generation(existing)
+
+
+def _read_job(fs, job_path: str) -> dict | None:
+    """The ``job.json`` of an unfinished conversion, or None (a torn one counts as another's)."""
+    try:
+        job = json.loads(fs.cat_file(job_path))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+    return job if isinstance(job, dict) else {}
 
 
 def _row(info) -> dict[str, Any]:
