@@ -13,12 +13,12 @@ from .errors import (
 from .format.manifest import Manifest, ShardInfo
 from .format.writer import ShardWriter
 from .source import read_records
-from .dataset import PackedTokenDataset, Stream
-from .loader import StreamingLoader
-from .ledger import read_ledger
-from .metrics import StreamLoss
-from .masks import cu_seqlens, document_block_mask, packed_causal_mask
-from .state import ResumeReport, merge_states, unpack_state
+from .pipeline.dataset import PackedTokenDataset, Stream
+from .loader.loader import StreamingLoader
+from .ledger.store import read_ledger
+from .pipeline.metrics import StreamLoss
+from .pipeline.masks import cu_seqlens, document_block_mask, packed_causal_mask
+from .resume.state import ResumeReport, merge_states, unpack_state
 from .storage.config import HedgePolicy, RetryPolicy, StorageConfig
 
 __version__ = "0.1.0"

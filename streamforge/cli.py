@@ -263,7 +263,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import format_plan
+    from .planning.planner import format_plan
 
     print(
         format_plan(
@@ -281,9 +281,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_ledger(args: argparse.Namespace) -> int:
     import json
 
-    from .ledger import read_ledger
-    from .ledger_report import check, diff, show
-    from .ledger_text import format_check, format_diff, format_show
+    from .ledger.store import read_ledger
+    from .ledger.report import check, diff, show
+    from .ledger.text import format_check, format_diff, format_show
 
     opts = storage_options(args)
     if args.ledger_command == "check":
@@ -324,7 +324,7 @@ def _ledger_manifests(ledger, opts) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "demo":
-        from .demo import main as demo_main
+        from .demo.run import main as demo_main
 
         return demo_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline_helpers import EOS, dataset, loader, take, write_stream
-from streamforge.batch import FIELDS, IGNORE_INDEX
+from streamforge.pipeline.batch import FIELDS, IGNORE_INDEX
 
 
 def _check_batches(batches, docs_by_stream, *, seq_len, packing, boundary):

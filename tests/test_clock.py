@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline_helpers import dataset, loader, random_docs, take, write_stream
-from streamforge.plan import PassPlan
-from streamforge.state import saved_ranks, unpack_state
+from streamforge.planning.plan import PassPlan
+from streamforge.resume.state import saved_ranks, unpack_state
 
 
 def _skewed_corpus(root, rng, kind):

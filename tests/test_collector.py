@@ -8,9 +8,9 @@ import pytest
 from pipeline_helpers import dataset, loader, make_corpus, take
 
 from streamforge import collector
-from streamforge.dataset import PackedTokenDataset, WorkerPipeline
+from streamforge.pipeline.dataset import PackedTokenDataset, WorkerPipeline
 from streamforge.format.manifest import Manifest
-from streamforge.loader import StreamingLoader
+from streamforge.loader.loader import StreamingLoader
 
 
 @pytest.fixture(scope="module")

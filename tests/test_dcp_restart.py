@@ -20,7 +20,7 @@ import pytest
 from pipeline_helpers import random_docs, write_stream
 from s3_server import free_port
 from streamforge import Manifest, PackedTokenDataset, Stream, StreamingLoader, read_ledger
-from streamforge.ledger_report import check
+from streamforge.ledger.report import check
 
 ROOT = Path(__file__).parent.parent
 WORKER = Path(__file__).parent / "dcp_worker.py"

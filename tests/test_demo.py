@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from streamforge.demo import EOS_ID, RESULTS, STREAMS, VOCAB_SIZE, build_corpus, document_lengths, main
-from streamforge.demo_report import compare
+from streamforge.demo.run import EOS_ID, RESULTS, STREAMS, VOCAB_SIZE, build_corpus, document_lengths, main
+from streamforge.demo.report import compare
 from streamforge.source import read_records
 
 

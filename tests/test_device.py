@@ -14,7 +14,7 @@ import torch
 
 from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
 from streamforge import ConfigError, PackedTokenDataset, Stream, unpack_state
-from streamforge.device import DeviceFeed, check_depth, default_device
+from streamforge.loader.device import DeviceFeed, check_depth, default_device
 
 
 @pytest.fixture(scope="module")

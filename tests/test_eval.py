@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pipeline_helpers import EOS, random_docs, take, write_stream
 from s3_server import free_port
 from streamforge import ConfigError, Manifest, PackedTokenDataset, Stream, StreamingLoader, StreamLoss
-from streamforge.evaluation import deal_rows
+from streamforge.pipeline.evaluation import deal_rows
 
 ROOT = Path(__file__).parent.parent
 SEQ = 64
@@ -243,7 +243,7 @@ def test_deal_rows_covers_each_row_once_within_capacity(rows, world, workers, ba
 
 
 def test_direct_iteration_of_an_evaluation_dataset_resumes_by_cursor(corpus):
-    from streamforge.blocks import BlockIterator
+    from streamforge.pipeline.blocks import BlockIterator
 
     ds = _dataset(corpus)
     whole = list(BlockIterator(ds))

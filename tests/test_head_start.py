@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import streamforge.loader as loader_module
+import streamforge.loader.loader as loader_module
 from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
-from streamforge.batch import expand
+from streamforge.pipeline.batch import expand
 
 
 def _by_hand(ds, num_workers: int, n: int) -> list:

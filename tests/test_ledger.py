@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline_helpers import dataset, loader, make_corpus, take, write_stream, random_docs
-from streamforge.batch import RowBatch
+from streamforge.pipeline.batch import RowBatch
 from streamforge.cli import main
-from streamforge.ledger import LedgerWriter, read_ledger
-from streamforge.ledger_report import check, diff, find_overlaps, show
+from streamforge.ledger.store import LedgerWriter, read_ledger
+from streamforge.ledger.report import check, diff, find_overlaps, show
 
 WEIGHTS = [0.5, 0.3, 0.2]
 

@@ -6,7 +6,7 @@ import torch
 
 from pipeline_helpers import dataset, loader, make_corpus, take
 from streamforge import cu_seqlens, document_block_mask, packed_causal_mask
-from streamforge.masks import document_mask_mod
+from streamforge.pipeline.masks import document_mask_mod
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamforge.plan import plan_stream
+from streamforge.planning.plan import plan_stream
 
 
 def _covered(plan):
@@ -73,7 +73,7 @@ def test_exact_cuts_balance_any_record_lengths_and_match_worker_by_worker(length
     """With the record lengths of the shards cuts fall in, every worker is within one record
     of its token share whatever the lengths; a worker's ranges alone (its two cuts) equal its
     part of the whole plan; only the shards cuts fall inside are asked for."""
-    from streamforge.plan import cut_shards
+    from streamforge.planning.plan import cut_shards
 
     records = [len(x) for x in lengths]
     tokens = [sum(x) for x in lengths]

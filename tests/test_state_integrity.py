@@ -289,7 +289,7 @@ def test_a_version_3_state_loads_and_says_it_was_not_verified(corpus):
 def test_every_single_change_to_an_iterator_state_is_refused(corpus):
     """The state of a dataset iterated directly (a plain DataLoader, torchdata's
     StatefulDataLoader) carries a digest too."""
-    from streamforge.blocks import BlockIterator
+    from streamforge.pipeline.blocks import BlockIterator
 
     it = BlockIterator(dataset(corpus, weights=[0.6, 0.4]), worker=0, num_workers=1)
     for _ in range(9):

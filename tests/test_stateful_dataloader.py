@@ -20,11 +20,11 @@ from torch.utils.data import IterableDataset
 from fault_proxy import FaultProxy
 from pipeline_helpers import assert_batches_equal, dataset, make_corpus, random_docs, write_stream
 from streamforge import PackedTokenDataset, ResumeMismatchError, Stream
-from streamforge.blocks import BlockIterator
-from streamforge.batch import expand
-from streamforge.dataset import WorkerPipeline
+from streamforge.pipeline.blocks import BlockIterator
+from streamforge.pipeline.batch import expand
+from streamforge.pipeline.dataset import WorkerPipeline
 from streamforge.storage.config import StorageConfig
-from streamforge.state import content_digest
+from streamforge.resume.state import content_digest
 
 stateful = pytest.importorskip(
     "torchdata.stateful_dataloader",

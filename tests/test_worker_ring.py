@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamforge.batch import RowBatch
-from streamforge.workers import _Ring, _Rings, _shared_bytes, _start_workers
+from streamforge.pipeline.batch import RowBatch
+from streamforge.loader.workers import _Ring, _Rings, _shared_bytes, _start_workers
 
 
 def _rows(seed: int, pieces: int = 3, rows: int = 2, width: int = 9) -> RowBatch:
@@ -273,7 +273,7 @@ def test_every_slot_is_released_in_a_pass_with_workers(tmp_path, monkeypatch, de
     from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
     from test_head_start import _by_hand
 
-    import streamforge.workers as workers
+    import streamforge.loader.workers as workers
 
     monkeypatch.setattr(_Ring, "WAIT", 0.05)  # forked with it: a missing release shows at once
     kinds = []
@@ -317,7 +317,7 @@ def test_a_pass_ends_without_waiting_for_its_workers_to_exit(tmp_path, monkeypat
     left early stops its workers before the loop goes on."""
     from pipeline_helpers import dataset, loader, make_corpus, take
 
-    import streamforge.workers as workers
+    import streamforge.loader.workers as workers
 
     exits = _exits_on(monkeypatch)
     at_fork = []
@@ -355,7 +355,7 @@ def test_the_interpreter_exits_after_joining_the_workers_of_its_last_pass(tmp_pa
 import json, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from pipeline_helpers import dataset, loader, take
-import streamforge.workers as workers
+import streamforge.loader.workers as workers
 pids, before, at_fork = [], "numpy.random" in sys.modules, []
 real = workers._start_workers
 def start(dl):

@@ -37,8 +37,8 @@ import torch  # noqa: E402
 
 from bench_pipeline import BATCH, SEQ_LEN, ensure_corpus, real_tokens  # noqa: E402
 from streamforge import PackedTokenDataset, StreamingLoader  # noqa: E402
-from streamforge.ledger import LedgerWriter, read_ledger  # noqa: E402
-from streamforge.ledger_report import check  # noqa: E402
+from streamforge.ledger.store import LedgerWriter, read_ledger  # noqa: E402
+from streamforge.ledger.report import check  # noqa: E402
 
 WORKERS = (0, 2)
 CHECKPOINT_EVERY = 100

@@ -51,7 +51,7 @@ import zstandard  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from streamforge import PackedTokenDataset, ShardWriter, StreamingLoader, unpack_state  # noqa: E402
-from streamforge.batch import expand  # noqa: E402
+from streamforge.pipeline.batch import expand  # noqa: E402
 from streamforge.source import ShardSource  # noqa: E402
 
 VOCAB = 50257

@@ -60,9 +60,9 @@ from tqdm import tqdm  # noqa: E402
 
 from streamforge import elastic  # noqa: E402
 from streamforge.format.manifest import Manifest, shard_name  # noqa: E402
-from streamforge.plan import trim_ranges  # noqa: E402
-from streamforge.planner import Planner  # noqa: E402
-from streamforge.state import pack_state  # noqa: E402
+from streamforge.planning.plan import trim_ranges  # noqa: E402
+from streamforge.planning.planner import Planner  # noqa: E402
+from streamforge.resume.state import pack_state  # noqa: E402
 
 NAMES = ("web", "code", "books")
 MEDIANS = (600, 1200, 50_000)
@@ -186,7 +186,7 @@ def agreement(corpus: Corpus, world: int, workers: int, sample: int) -> dict:
 def genuine_state() -> dict:
     """The global state of a real 3-stream loader after a few batches (tiny corpus in a temp dir)."""
     from streamforge import PackedTokenDataset, ShardWriter, Stream, StreamingLoader
-    from streamforge.state import unpack_state
+    from streamforge.resume.state import unpack_state
 
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from streamforge import PackedTokenDataset, Stream, StreamingLoader  # noqa: E402
-from streamforge.demo import STREAMS, build_corpus  # noqa: E402
+from streamforge.demo.run import STREAMS, build_corpus  # noqa: E402
 from streamforge.storage.config import RetryPolicy, StorageConfig  # noqa: E402
 
 _SERVERS = """

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from streamforge import (  # noqa: E402
     PackedTokenDataset, Stream, StreamingLoader, cu_seqlens, document_block_mask, packed_causal_mask,
 )
-from streamforge.demo import STREAMS, build_corpus  # noqa: E402
+from streamforge.demo.run import STREAMS, build_corpus  # noqa: E402
 
 
 def make_loader(corpus: Path, args, depth: int, num_workers: int = 2) -> StreamingLoader:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ResumeMismatchError
-from ..schedule import MixtureSchedule
+from ..planning.schedule import MixtureSchedule
 from .base import check_state
 from .shuffle import DocRun, ShuffleBuffer
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..batch import RowBatch, padding_rows
+from ..pipeline.batch import RowBatch, padding_rows
 from ..errors import ResumeMismatchError
 from .base import check_state
 from .interleave import Interleaver

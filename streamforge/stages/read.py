@@ -13,7 +13,7 @@ from typing import Any, Callable
 from ..errors import ResumeMismatchError
 from ..format.manifest import Manifest
 from ..format.reader import DocBatch, ShardSource
-from ..plan import Range
+from ..planning.plan import Range
 from .base import check_state
 
 _KEYS = ("pass", "range", "offset")

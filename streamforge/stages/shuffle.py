@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import ResumeMismatchError, ShardCorruptError
 from ..format.reader import DocBatch
-from ..rng import derive_key, permutation
+from ..planning.rng import derive_key, permutation
 from .base import check_state
 from .read import ShardReader
 

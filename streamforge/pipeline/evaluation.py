@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .batch import RowBatch, padding_rows
-from .plan import PassClock
-from .errors import ConfigError, ResumeMismatchError, ShardCorruptError
-from .stages.base import check_state
+from ..planning.plan import PassClock
+from ..errors import ConfigError, ResumeMismatchError, ShardCorruptError
+from ..stages.base import check_state
 
 _CHUNK_TOKENS = 1 << 18  # tokens read per request to a shard's records (whole records)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 IGNORE_INDEX = -100
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "source_ids")  # the batch contract

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .batch import RowBatch
-from .dataset import PackedTokenDataset
+from ..pipeline.batch import RowBatch
+from ..pipeline.dataset import PackedTokenDataset
 
 
 @dataclass

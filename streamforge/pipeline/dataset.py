@@ -24,25 +24,24 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from . import collector
+from ..loader import collector
 from .batch import RowBatch, pad_to_rows
 from .blocks import BlockIterator
-from .errors import ConfigError, ResumeMismatchError
-from .elastic import worker_work
+from ..errors import ConfigError, ResumeMismatchError
 from .evaluation import EvalPipeline, EvalPlan, build_eval_plan, check_eval_config
-from .format.manifest import Manifest
-from .format.reader import ShardSource
-from .plan import PassPlan
-from .planner import Planner
-from .schedule import MixtureSchedule
-from .stages.base import check_state
-from .stages.interleave import Interleaver
-from .stages.pack import MODES, Packer
-from .stages.read import ShardReader
-from .stages.shuffle import ShuffleBuffer
-from .state import saved_config
-from .storage.config import StorageConfig
-from .storage.fetch import ByteFetcher
+from ..format.manifest import Manifest
+from ..format.reader import ShardSource
+from ..planning.plan import PassPlan
+from ..planning.planner import Planner, worker_work
+from ..planning.schedule import MixtureSchedule
+from ..stages.base import check_state
+from ..stages.interleave import Interleaver
+from ..stages.pack import MODES, Packer
+from ..stages.read import ShardReader
+from ..stages.shuffle import ShuffleBuffer
+from ..resume.state import saved_config
+from ..storage.config import StorageConfig
+from ..storage.fetch import ByteFetcher
 
 BOUNDARIES = ("document", "stream")
 
@@ -441,7 +440,7 @@ class WorkerPipeline:
         for i, stream in enumerate(dataset.streams):
             source = dataset.open_source(i)
             ranges_for, windows_for = worker_work(
-                dataset, i, self.num_global_workers, self.global_worker, -1 if work is None else work.pass_idx,
+                dataset.planner, i, self.num_global_workers, self.global_worker, -1 if work is None else work.pass_idx,
                 assigned,
             )
             reader = ShardReader(

@@ -3,6 +3,7 @@ realized mixture per phase (``loader.stats()["phases"]``), throughput and resume
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +95,8 @@ def plot(cfg, ref, resumed: dict[str, Any], path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def progress_disabled() -> bool:
+    """True where STREAMFORGE_NO_PROGRESS is set: the demo's progress bars stay off."""
+    return bool(os.environ.get("STREAMFORGE_NO_PROGRESS"))

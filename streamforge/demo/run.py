@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ManifestError
-from .format.manifest import Manifest
-from .format.writer import ShardWriter, parse_size
+from ..errors import ManifestError
+from ..format.manifest import Manifest
+from ..format.writer import ShardWriter, parse_size
 
 VOCAB_SIZE = 512
 EOS_ID = 511
@@ -152,10 +152,6 @@ def describe_corpus(manifests: dict[str, Manifest]) -> str:
     )
 
 
-def progress_disabled() -> bool:
-    return bool(os.environ.get("STREAMFORGE_NO_PROGRESS"))
-
-
 # -- loopback S3 ---------------------------------------------------------------------------------
 class LoopbackS3:
     """A moto S3 server on 127.0.0.1 holding a copy of the corpus (``--s3``)."""
@@ -247,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def reference_and_resume(args: argparse.Namespace, out_dir: Path, server: LoopbackS3 | None) -> int:
-    from .demo_train import JobConfig, train
-    from .demo_report import compare, report
+    from .train import JobConfig, train
+    from .report import compare, report
 
     import torch
 
@@ -295,7 +291,7 @@ def reference_and_resume(args: argparse.Namespace, out_dir: Path, server: Loopba
 
 def resumed_process(checkpoint: Path, out_dir: Path) -> int:
     """The new process: rebuild the job from the checkpoint alone and train to the end."""
-    from .demo_train import config_from_checkpoint, train
+    from .train import config_from_checkpoint, train
 
     cfg = config_from_checkpoint(checkpoint)
     result = train(cfg, out_dir, resume_from=checkpoint, bar_desc="resumed")
@@ -304,7 +300,7 @@ def resumed_process(checkpoint: Path, out_dir: Path) -> int:
 
 
 def _write(path: Path, result: Any) -> None:
-    from .demo_train import bits
+    from .train import bits
 
     path.write_text(json.dumps({
         "first_step": result.first_step, "losses": result.losses, "loss_bits": bits(result.losses),

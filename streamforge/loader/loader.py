@@ -35,16 +35,17 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import collector, ledger
-from .batch import RowBatch, check_fields, expand
-from .checkpoint import Checkpointing
+from . import collector
+from ..ledger import store as ledger
+from ..pipeline.batch import RowBatch, check_fields, expand
+from ..resume.checkpoint import Checkpointing
 from .counters import Counters
-from .dataset import PackedTokenDataset, whole
+from ..pipeline.dataset import PackedTokenDataset, whole
 from .device import DeviceFeed, check_depth, default_device
-from .errors import ConfigError
-from .plan import PassPlan
-from .schedule import SkipRanges
-from .state import ResumeReport, fingerprint
+from ..errors import ConfigError
+from ..planning.plan import PassPlan
+from ..planning.schedule import SkipRanges
+from ..resume.state import ResumeReport, fingerprint
 from .workers import _Job, per_message, process_batches
 
 

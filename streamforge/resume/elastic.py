@@ -30,7 +30,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .plan import PassPlan, Range, steps_for, worker_rows
+from ..pipeline.dataset import WorkerPipeline
+from ..planning.plan import PassPlan, Range, steps_for, worker_rows
+from ..planning.planner import worker_work
 
 # {"pass": p, "streams": [{"ranges": [[s, a, b], ...],
 #                          "windows": [{"ranges", "key", "pos", "offset", "tokens", "docs"}, ...]}, ...]}
@@ -54,7 +56,6 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
                     streams[i]["ranges"] += [list(r) for r in buffer.reader.ranges_for(pass_idx)]
                     streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
                 continue
-            from .dataset import WorkerPipeline
 
             for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
                 p, ranges, units = buffer.work_left(stream_state)
@@ -81,37 +82,19 @@ def _merge(ranges: list[list[int]]) -> list[list[int]]:
 def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned, generation: int) -> list:
     """Shuffle buffers configured as saved global worker ``g`` had them (reading record
     indexes through the dataset's shared index sources, never tokens)."""
-    from .stages.read import ShardReader
-    from .stages.shuffle import ShuffleBuffer
+    from ..stages.read import ShardReader
+    from ..stages.shuffle import ShuffleBuffer
 
     cfg = dataset.config
     out = []
     for i, stream in enumerate(dataset.streams):
-        ranges_for, windows_for = worker_work(dataset, i, num_global, g, pass_idx, assigned)
+        ranges_for, windows_for = worker_work(dataset.planner, i, num_global, g, pass_idx, assigned)
         reader = ShardReader(dataset._index_source(i), ranges_for=ranges_for, stream_key=stream.name,
                              infinite=False, first_pass=pass_idx)
         out.append(ShuffleBuffer(reader, size=cfg.shuffle_buffer, seed=cfg.seed, stream_key=stream.name,
                                  global_worker=g, eos_id=cfg.eos_id if dataset.eos_appended[i] else None,
                                  windows_for=windows_for, generation=generation, warmup=cfg.shuffle_warmup))
     return out
-
-
-def worker_work(dataset, stream: int, num_global: int, g: int, pass_idx: int, assigned):
-    """(ranges_for, windows_for) of global worker ``g``: its share of ``assigned`` work in
-    ``pass_idx``, the plan's ranges (and no saved windows) in every other pass."""
-    planner = dataset.planner
-
-    def ranges_for(p: int) -> list[Range]:
-        if assigned is not None and p == pass_idx:
-            return [tuple(r) for r in assigned[stream][0][g]]
-        return planner.worker_ranges(stream, p, num_global, g)
-
-    def windows_for(p: int) -> list:
-        if assigned is not None and p == pass_idx:
-            return list(assigned[stream][1][g])
-        return []
-
-    return ranges_for, windows_for
 
 
 def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, np.ndarray, np.ndarray]]:

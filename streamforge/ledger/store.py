@@ -57,11 +57,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .batch import RowBatch
-from .errors import LedgerError
-from .storage.config import RetryPolicy
-from .storage.open import join, open_url
-from .storage.retry import Retrier
+from ..pipeline.batch import RowBatch
+from ..errors import LedgerError
+from ..storage.config import RetryPolicy
+from ..storage.open import join, open_url
+from ..storage.retry import Retrier
 
 FORMAT = "streamforge-ledger"
 VERSION = 1

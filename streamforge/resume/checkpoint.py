@@ -17,12 +17,12 @@ from typing import Any, Mapping
 
 import torch
 
-from .counters import spread
+from ..loader.counters import spread
 from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
-from .errors import ConfigError, ResumeMismatchError
-from .plan import PassPlan
-from .resume import statistical_bounds, statistical_worker_states, stream_positions
-from .schedule import SkipRanges
+from ..errors import ConfigError, ResumeMismatchError
+from ..planning.plan import PassPlan
+from .statistical import statistical_bounds, statistical_worker_states, stream_positions
+from ..planning.schedule import SkipRanges
 from .state import STATE_VERSION, UNDIGESTED_VERSION, ResumeReport, config_differences, pack_state, saved_ranks, unpack_state
 
 log = logging.getLogger("streamforge.loader")

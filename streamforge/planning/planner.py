@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import ShardCorruptError
-from .format.manifest import Manifest
+from ..errors import ShardCorruptError
+from ..format.manifest import Manifest
 from .plan import PassPlan, Range, build_pass_plan, cut_shards, plan_stream, records_at, trim_ranges
 
 _FETCH_THREADS = 16
@@ -227,7 +227,7 @@ def format_plan(
 ) -> str:
     """A human-readable plan, as the job would cut it: per (rank, worker), per stream, its
     ranges, records and exact tokens (record indexes of cut shards read in parallel)."""
-    from .source import ShardSource
+    from ..source import ShardSource
 
     sources = [ShardSource.open(u, storage_options) for u in urls]
     keys = list(names) if names else [f"stream{i}" for i in range(len(urls))]
@@ -258,3 +258,19 @@ def format_plan(
     if mean:
         lines.append(f"balance: max/mean tokens = {max(totals) / mean:.4f}, min/mean = {min(totals) / mean:.4f}")
     return "\n".join(lines)
+
+
+def worker_work(planner: "Planner", stream: int, num_global: int, g: int, pass_idx: int, assigned):
+    """(ranges_for, windows_for) of global worker ``g``: its share of ``assigned`` work in
+    ``pass_idx``, the plan's ranges (and no saved windows) in every other pass."""
+    def ranges_for(p: int) -> list[Range]:
+        if assigned is not None and p == pass_idx:
+            return [tuple(r) for r in assigned[stream][0][g]]
+        return planner.worker_ranges(stream, p, num_global, g)
+
+    def windows_for(p: int) -> list:
+        if assigned is not None and p == pass_idx:
+            return list(assigned[stream][1][g])
+        return []
+
+    return ranges_for, windows_for

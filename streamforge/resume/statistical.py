@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .dataset import WorkerPipeline
-from .plan import records_at, trim_ranges
-from .stages.read import ShardReader
-from .stages.shuffle import ShuffleBuffer, window_size
+from ..pipeline.dataset import WorkerPipeline
+from ..planning.plan import records_at, trim_ranges
+from ..stages.read import ShardReader
+from ..stages.shuffle import ShuffleBuffer, window_size
 from .state import config_value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from .ledger_report import LIST_LIMIT
+from .report import LIST_LIMIT
 
 
 def _when(t: float) -> str:

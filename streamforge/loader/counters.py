@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .batch import RowBatch
-from .schedule import MixtureSchedule
-from .stages.base import check_state
+from ..pipeline.batch import RowBatch
+from ..planning.schedule import MixtureSchedule
+from ..stages.base import check_state
 
 _KEYS = ("tokens", "documents", "phase_tokens", "skipped_steps", "skipped_tokens", "dropped_tokens")
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 Batch = dict[str, torch.Tensor]
 

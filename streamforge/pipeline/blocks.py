@@ -31,8 +31,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from .batch import expand
-from .errors import ResumeMismatchError
-from .state import config_differences, content_digest, fingerprint
+from ..errors import ResumeMismatchError
+from ..resume.state import config_differences, content_digest, fingerprint
 
 BLOCK_STATE_VERSION = 2  # 2: with a digest of the rest; 1 (without) is still read, its values checked
 BLOCK_STATE_KEYS = ("version", "fingerprint", "config", "rank", "worker", "num_workers", "done", "pipeline")

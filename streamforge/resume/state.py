@@ -46,7 +46,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .errors import ResumeMismatchError
+from ..errors import ResumeMismatchError
 
 STATE_VERSION = 4
 UNDIGESTED_VERSION = 3  # the last version without a digest: still read, its values checked

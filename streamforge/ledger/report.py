@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .batch import RowBatch, split_at_rows
-from .ledger import Ledger
+from ..pipeline.batch import RowBatch, split_at_rows
+from .store import Ledger
 
 LIST_LIMIT = 20  # entries of a list printed in text output (all of them go to --json)
 

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import PackedTokenDataset, Stream, StreamingLoader
-from .masks import packed_causal_mask
+from .. import PackedTokenDataset, Stream, StreamingLoader
+from ..pipeline.masks import packed_causal_mask
 
 
 @dataclass
@@ -150,7 +150,7 @@ def train(cfg: JobConfig, out_dir: Path, *, resume_from: Path | None = None, bar
     steps) or from ``resume_from``."""
     from tqdm import tqdm
 
-    from .demo import progress_disabled
+    from .report import progress_disabled
 
     device = setup_determinism(cfg)
     started = time.perf_counter()

@@ -1,0 +1,1 @@
+"""The pipeline of one worker: stages assembled into packed token blocks (PackedTokenDataset), the batch contract, evaluation."""
