@@ -209,7 +209,7 @@ def describe_eos(manifest) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .format.reader import ShardSource
+    from .source import ShardSource
 
     source = ShardSource.open(args.url, storage_options(args))
     manifest = source.manifest

@@ -23,8 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator
 
 from ..errors import ConfigError, StreamforgeError
-from .lifeline import die_with_parent
-from .run import pool_context
+from .lifeline import die_with_parent, pool_context
 
 ENGINES = ("local", "ray")
 RAY_TASK_RETRIES = 3

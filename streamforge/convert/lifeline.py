@@ -22,6 +22,7 @@ import ctypes
 import os
 import signal
 import sys
+from multiprocessing import get_context
 import threading
 import time
 
@@ -54,3 +55,11 @@ def _watch(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(POLL_SECONDS)
     os._exit(EXIT_ORPHANED)
+
+
+def pool_context():
+    """fork where available: a spawned worker re-imports ``streamforge`` (and torch with it),
+    seconds per worker. Forking is safe here: workers touch no torch state, and fsspec
+    resets its event loop and instance cache in a forked child."""
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    return get_context(method)

@@ -51,7 +51,7 @@ from .base import ArraySource
 from .eos import decide
 from .flat import open_flat
 from .jsonl import open_jsonl, open_parquet
-from .lifeline import die_with_parent
+from .lifeline import die_with_parent, pool_context
 from .megatron import open_megatron
 from .npy import open_npy
 
@@ -365,14 +365,6 @@ def run_jobs(jobs: list[ShardJob], workers: int, update: Callable[[int, int], No
             for future in as_completed(futures):
                 collect(future.result())
     return [rows[s] for s in sorted(rows)]
-
-
-def pool_context():
-    """fork where available: a spawned worker re-imports ``streamforge`` (and torch with it),
-    seconds per worker. Forking is safe here: workers touch no torch state, and fsspec
-    resets its event loop and instance cache in a forked child."""
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    return get_context(method)
 
 
 class Progress:

@@ -276,7 +276,7 @@ def reference_and_resume(args: argparse.Namespace, out_dir: Path, server: Loopba
     _write(out_dir / RESULTS[0], ref)
     print(f"[3/4] resuming from {ref.checkpoint} in a new process")
     spawned = time.perf_counter()
-    child = subprocess.run([sys.executable, "-m", "streamforge.demo", "--output-dir", str(out_dir),
+    child = subprocess.run([sys.executable, "-m", "streamforge.demo.run", "--output-dir", str(out_dir),
                             "--resume-from", str(ref.checkpoint)])
     if child.returncode != 0:
         print(f"the resumed process failed (exit code {child.returncode})")

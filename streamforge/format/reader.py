@@ -155,17 +155,3 @@ def records_of_rows(
         if bad >= 0:
             raise ShardCorruptError(f"{where_record(f, r)}: {member_problem(kind, expected, said)}")
         yield np.frombuffer(raws[f], dtype, n, off).copy()
-
-
-_MOVED = ("ShardSource", "read_records")
-
-
-def __getattr__(name: str) -> Any:
-    # ShardSource and read_records fetch as well as decode, so they live in
-    # streamforge/source.py; importing them from here still works. Looked up on first use,
-    # because source.py imports this module.
-    if name in _MOVED:
-        from .. import source
-
-        return getattr(source, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ from .blocks import BlockIterator
 from ..errors import ConfigError, ResumeMismatchError
 from .evaluation import EvalPipeline, EvalPlan, build_eval_plan, check_eval_config
 from ..format.manifest import Manifest
-from ..format.reader import ShardSource
+from ..source import ShardSource
 from ..planning.plan import PassPlan
 from ..planning.planner import Planner, worker_work
 from ..planning.schedule import MixtureSchedule

@@ -14,7 +14,7 @@ import bisect
 import os
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Protocol
 
 import zstandard
 
@@ -23,8 +23,21 @@ from ..storage.fetch import cut_frames
 from ..storage.pool import DaemonPool
 from ..storage.prefetch import FIRST_UNIT_BYTES, FetchUnit, Prefetcher, group_frames, ramp
 
-if TYPE_CHECKING:
-    from .shard_source import ShardSource
+
+
+class FrameSource(Protocol):
+    """What the read-ahead needs of the source it reads for (``ShardSource``)."""
+
+    manifest: Any
+    fetcher: Any
+    config: Any
+    cache: Any
+    read_share: float
+
+    def index(self, shard: int) -> ShardIndex: ...
+    def has_index(self, shard: int) -> bool: ...
+    def where(self, shard: int, frame: Any = None, records: Any = None) -> str: ...
+    def fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache: bool = True) -> Any: ...
 
 
 INDEXES_AHEAD = 64
@@ -41,9 +54,9 @@ def _quietly(fn, *args) -> None:
 
 
 class ReadAhead:
-    """Plan and prefetch for one ``ShardSource``; created afresh in each reading process."""
+    """Plan and prefetch for one ``FrameSource`` (a ``ShardSource``); created afresh in each reading process."""
 
-    def __init__(self, source: ShardSource) -> None:
+    def __init__(self, source: FrameSource) -> None:
         self.source = source
         self.prefetcher: Prefetcher | None = None
         self._plan: list[tuple[int, int, int]] = []
@@ -145,7 +158,7 @@ class ReadAhead:
         source = self.source
         shards: dict[int, None] = {}  # the first ones only: a plan may hold every shard of the stream
         for s, a, b in ranges:
-            if b > a and s not in source._indexes:
+            if b > a and not source.has_index(s):
                 shards[s] = None
                 if len(shards) == INDEXES_AHEAD:
                     break
@@ -166,7 +179,7 @@ class ReadAhead:
         dropped at the first unit of its shard that does not fit."""
         source = self.source
         first = next(((s, a) for s, a, b in plan if b > a), None)
-        if first is None or first[1] != 0 or source.fetcher.local or first[0] in source._indexes:
+        if first is None or first[1] != 0 or source.fetcher.local or source.has_index(first[0]):
             return
         shard = first[0]
         col = source.manifest.columns
@@ -260,7 +273,7 @@ class ReadAhead:
         index = source.index(unit.shard)
         got = self._take_head(unit, index) if self._head is not None else None
         if got is None:
-            got = source._fetch_frames(unit.shard, unit.first, unit.stop, index)
+            got = source.fetch_frames(unit.shard, unit.first, unit.stop, index)
         local = self._thread_local
         decompressor = getattr(local, "decompressor", None)
         if decompressor is None:

@@ -103,6 +103,10 @@ class ShardSource:
         return text
 
     # -- shard index ------------------------------------------------------------------------
+    def has_index(self, shard: int) -> bool:
+        """Whether shard ``shard``'s record index was read already (no I/O)."""
+        return shard in self._indexes
+
     def index(self, shard: int) -> ShardIndex:
         cached = self._indexes.get(shard)
         if cached is not None:
@@ -178,7 +182,7 @@ class ShardSource:
             self._readahead.fetch_now(ranges, max(2, threads))
 
     # -- fetching frames ----------------------------------------------------------------------
-    def _fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache=True):
+    def fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache=True):
         """Compressed bytes of frames ``first..stop-1``: from the cache, else one request per run
         of missing frames. Returns ``[(buffer, from_cache), ...]``."""
         frames = index.frames
@@ -209,7 +213,7 @@ class ShardSource:
                 out[f - first] = buf
                 self.counters["prefetch_hits"] += 1
         for f0, f1 in _runs(missing):
-            out[f0 - first : f1 - first] = self._fetch_frames(shard, f0, f1, index)
+            out[f0 - first : f1 - first] = self.fetch_frames(shard, f0, f1, index)
         return out
 
     # -- decoding and checks ------------------------------------------------------------------
@@ -225,7 +229,7 @@ class ShardSource:
         except (zstandard.ZstdError, ValueError) as exc:
             if from_cache:  # a damaged cache entry: drop it and read the frame from the stream
                 self.cache.drop(self.manifest.shard_names[shard], f)
-                fresh = self._fetch_frames(shard, f, f + 1, index, use_cache=False)[0]
+                fresh = self.fetch_frames(shard, f, f + 1, index, use_cache=False)[0]
                 return self._decode(shard, f, fresh, index)
             records = (int(index.frames["first_record"][f]), index.record_stop(f))
             raise ShardCorruptError(
@@ -366,7 +370,7 @@ class ShardSource:
     def read_frames(self, shard: int, first: int, stop: int) -> list[bytes]:
         """Decompressed bytes of frames ``first..stop-1`` of ``shard`` (checked, never skipped)."""
         index = self.index(shard)
-        got = self._fetch_frames(shard, first, stop, index)
+        got = self.fetch_frames(shard, first, stop, index)
         return [self._decode(shard, f, item, index) for f, item in zip(range(first, stop), got)]
 
     def read_meta(self, shard: int, record: int) -> bytes | None:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from ..errors import ResumeMismatchError
 from ..format.manifest import Manifest
-from ..format.reader import DocBatch, ShardSource
+from ..format.reader import DocBatch
+from ..source import ShardSource
 from ..planning.plan import Range
 from .base import check_state
 

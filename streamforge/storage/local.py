@@ -12,7 +12,7 @@ import os
 import stat
 
 from ..errors import ShardCorruptError
-from .open import without_scheme
+from .urls import without_scheme
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))

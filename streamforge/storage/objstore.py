@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .config import RetryPolicy
-from .open import without_scheme
+from .urls import without_scheme
 
 # s3fs options that change nothing about how one object is read
 _HARMLESS = {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",

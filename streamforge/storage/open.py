@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .config import CLIENTS, RetryPolicy
+from .urls import join, without_scheme
 
 log = logging.getLogger("streamforge.storage")
 
@@ -193,19 +194,6 @@ def _share_service_data(fs) -> None:
         else:
             session.register_component("data_loader", _BOTOCORE_LOADER)
     fs.session = session
-
-
-def without_scheme(url: str, *schemes: str) -> str:
-    """``url`` less the first of ``schemes`` (``"s3"``: ``s3://``) it starts with."""
-    url = str(url)
-    for scheme in schemes:
-        if url.startswith(scheme + "://"):
-            return url[len(scheme) + 3:]
-    return url
-
-
-def join(path: str, name: str) -> str:
-    return f"{path.rstrip('/')}/{name}"
 
 
 def describe_missing(fs, path: str, url: str, what: str) -> str:

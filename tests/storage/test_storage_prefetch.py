@@ -56,7 +56,7 @@ def test_a_unit_holds_at_most_a_quarter_of_the_read_ahead(tmp_path, rng):
     from pipeline_helpers import random_docs, write_stream
 
     from streamforge.format.manifest import Manifest
-    from streamforge.format.reader import ShardSource
+    from streamforge.source import ShardSource
     from streamforge.source.readahead import UNITS_IN_BUDGET
     from streamforge.storage.config import StorageConfig
     from streamforge.storage.fetch import ByteFetcher
@@ -78,7 +78,7 @@ def test_a_read_finds_its_place_in_the_plan_near_the_cursor_or_anywhere(tmp_path
     from pipeline_helpers import random_docs, write_stream
 
     from streamforge.format.manifest import Manifest
-    from streamforge.format.reader import ShardSource
+    from streamforge.source import ShardSource
     from streamforge.source.readahead import _NEAR
     from streamforge.storage.config import StorageConfig
     from streamforge.storage.fetch import ByteFetcher
