@@ -13,8 +13,9 @@ from .errors import (
 from .format.manifest import Manifest, ShardInfo
 from .format.writer import ShardWriter
 from .source import read_records
-from .pipeline.dataset import PackedTokenDataset, Stream
+from .pipeline.dataset import EvaluationDataset, PackedTokenDataset, PackingConfig, ShuffleConfig, Stream
 from .loader.loader import StreamingLoader
+from .ledger.attach import LedgerConfig
 from .ledger.store import read_ledger
 from .pipeline.metrics import StreamLoss
 from .pipeline.masks import cu_seqlens, document_block_mask, packed_causal_mask
@@ -37,6 +38,10 @@ __all__ = sorted(
         "StorageError",
         "StreamforgeError",
         "read_ledger",
+        "EvaluationDataset",
+        "LedgerConfig",
+        "PackingConfig",
+        "ShuffleConfig",
         "read_records",
         "PackedTokenDataset",
         "ResumeReport",

@@ -37,3 +37,8 @@ class ResumeMismatchError(StreamforgeError, ValueError):
 
 class LedgerError(StreamforgeError, ValueError):
     """A data-order ledger is missing, unreadable, or its options are invalid."""
+
+
+class PipelineInvariantError(StreamforgeError, RuntimeError):
+    """streamforge broke one of its own invariants (a worker's step or share of a pass is not
+    the one the plan gives it): a bug to report, not something a caller can fix."""

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from s3_server import s3_bucket, s3_server  # noqa: F401  (fixtures)
+from helpers.s3_server import s3_bucket, s3_server  # noqa: F401  (fixtures)
 
 os.environ.setdefault("STREAMFORGE_NO_PROGRESS", "1")
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline_helpers import random_docs, write_stream
+from helpers.pipeline import random_docs, write_stream
 
 TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools")
 sys.path.insert(0, TOOLS)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import EOS, dataset, loader, take, write_stream
+from helpers.pipeline import EOS, dataset, loader, take, write_stream
 from streamforge.pipeline.batch import FIELDS, IGNORE_INDEX
 
 
@@ -161,7 +161,7 @@ def test_missing_eos_id_is_a_clear_error(tmp_path, rng):
 def test_a_loader_hands_out_only_the_fields_asked_for(tmp_path, rng, packing, fields):
     """Asked-for fields equal the full contract's, on padded (bestfit) and full batches, in
     both boundary modes, and the data order and state do not depend on them."""
-    from pipeline_helpers import make_corpus
+    from helpers.pipeline import make_corpus
 
     corpus = make_corpus(tmp_path, rng)
     for boundary in ("document", "stream"):
@@ -178,7 +178,7 @@ def test_a_loader_hands_out_only_the_fields_asked_for(tmp_path, rng, packing, fi
 
 
 def test_unknown_fields_are_a_clear_error(tmp_path, rng):
-    from pipeline_helpers import make_corpus
+    from helpers.pipeline import make_corpus
 
     from streamforge.errors import ConfigError
 

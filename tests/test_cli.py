@@ -69,7 +69,7 @@ def test_convert_into_s3_via_cli(tmp_path, rng, s3_bucket):
 def test_plan_prints_the_cuts_the_job_reads(tmp_path, rng, capsys):
     """`streamforge plan` shows each worker's ranges as the dataset's planner cuts them (exact
     cuts), and its token counts add up to the stream's."""
-    from pipeline_helpers import random_docs, write_stream
+    from helpers.pipeline import random_docs, write_stream
     from streamforge import PackedTokenDataset
 
     url = str(tmp_path / "web")

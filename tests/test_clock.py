@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import dataset, loader, random_docs, take, write_stream
+from helpers.pipeline import dataset, loader, random_docs, take, write_stream
 from streamforge.planning.plan import PassPlan
 from streamforge.resume.state import saved_ranks, unpack_state
 

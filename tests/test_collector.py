@@ -5,7 +5,7 @@ import gc
 import numpy as np
 import pytest
 
-from pipeline_helpers import dataset, loader, make_corpus, take
+from helpers.pipeline import dataset, loader, make_corpus, take
 
 from streamforge import collector
 from streamforge.pipeline.dataset import PackedTokenDataset, WorkerPipeline

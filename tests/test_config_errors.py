@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pipeline_helpers import write_stream
+from helpers.pipeline import write_stream
 from streamforge import ConfigError, PackedTokenDataset, Stream, StreamingLoader
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (CI and the CPU test machines have none)"

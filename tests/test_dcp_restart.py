@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline_helpers import random_docs, write_stream
-from s3_server import free_port
+from helpers.pipeline import random_docs, write_stream
+from helpers.s3_server import free_port
 from streamforge import Manifest, PackedTokenDataset, Stream, StreamingLoader, read_ledger
 from streamforge.ledger.report import check
 
 ROOT = Path(__file__).parent.parent
-WORKER = Path(__file__).parent / "dcp_worker.py"
+WORKER = Path(__file__).parent / "helpers" / "workers" / "dcp_worker.py"
 STEPS, SAVE_AT, KILL_AT = 12, 5, 8
 
 

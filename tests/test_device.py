@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 from streamforge import ConfigError, PackedTokenDataset, Stream, unpack_state
 from streamforge.loader.device import DeviceFeed, check_depth, default_device
+from streamforge.loader.workers import WorkerBatch
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +80,13 @@ def test_feed_thread_stops_when_the_consumer_breaks(corpus):
 
 def test_an_error_in_the_pipeline_reaches_the_trainer():
     def raw():
-        yield (0, 0, "rows-0", None, None, None)
+        yield WorkerBatch(0, 0, "rows-0", None)
         raise OSError("shard 3 is gone")
 
     feed = DeviceFeed(lambda rows: {"x": torch.tensor([len(rows)])}, torch.device("cpu"), 2)
     take = feed.open(raw())
     got = take()
-    assert got[0][2] == "rows-0"
+    assert got.item.rows == "rows-0"
     assert feed.hand_out(got)["x"].item() == 6
     with pytest.raises(OSError, match="shard 3 is gone"):
         take()

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_helpers import dataset, loader, make_corpus, take
-from s3_server import free_port
+from helpers.pipeline import dataset, loader, make_corpus, take
+from helpers.s3_server import free_port
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = Path(__file__).parent / "helpers" / "workers" / "dist_worker.py"
 
 
 def _records(batches):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline_helpers import dataset, make_corpus
+from helpers.pipeline import dataset, make_corpus
 from streamforge import ConfigError, Manifest, ResumeMismatchError, merge_states, unpack_state
 
 
@@ -177,7 +177,7 @@ def test_statistical_resume_stays_within_its_reported_bounds(corpus, then):
             numbers = [int(w.replace(",", "")) for w in note.split() if w.replace(",", "").isdigit()]
             bounds[name] = numbers[:2]
     assert set(bounds) == set(corpus)
-    fractions = resumed[0]._remaining["fractions"]
+    fractions = resumed[0].clock.rest.fractions
     after = _records(_run(resumed))
     names = list(corpus)
     firsts = {n: Manifest.load(corpus[n][0]).first_records for n in names}

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import EOS, random_docs, take, write_stream
-from s3_server import free_port
+from helpers.pipeline import EOS, random_docs, take, write_stream
+from helpers.s3_server import free_port
 from streamforge import ConfigError, Manifest, PackedTokenDataset, Stream, StreamingLoader, StreamLoss
 from streamforge.pipeline.evaluation import deal_rows
 
@@ -205,7 +205,7 @@ def _run_eval(tmp_path, corpus, *, torchrun: bool, packing="concat", batch=3, wo
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES"):
         env.pop(key, None)
-    script = [str(Path(__file__).parent / "eval_worker.py"), str(out), packing, str(batch), str(workers),
+    script = [str(Path(__file__).parent / "helpers" / "workers" / "eval_worker.py"), str(out), packing, str(batch), str(workers),
               *[url for url, _ in corpus.values()]]
     launch = ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
               f"--master_port={free_port()}"] if torchrun else []

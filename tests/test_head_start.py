@@ -7,13 +7,13 @@ import json
 import pytest
 
 import streamforge.loader.loader as loader_module
-from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 from streamforge.pipeline.batch import expand
 
 
 def _by_hand(ds, num_workers: int, n: int) -> list:
     """The clock's definition: batch i of a pass from logical worker i % W's pipeline."""
-    job = loader(ds, num_workers=num_workers)._job([None] * num_workers)
+    job = loader(ds, num_workers=num_workers).job([None] * num_workers)
     pipelines = [job.pipeline(w) for w in range(num_workers)]
     try:
         return [expand(pipelines[i % num_workers].next_batch(job.batch_size)) for i in range(n)]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import dataset, loader, make_corpus, take, write_stream, random_docs
+from helpers.pipeline import dataset, loader, make_corpus, take, write_stream, random_docs
 from streamforge.pipeline.batch import RowBatch
 from streamforge.cli import main
 from streamforge.ledger.store import LedgerWriter, read_ledger
@@ -68,9 +68,9 @@ def test_a_whole_pass_checks_clean_and_covers_every_record(corpus, tmp_path, num
 
 def test_chunks_are_written_every_chunk_steps_and_at_state_dict(corpus, tmp_path):
     ldr = _loader(corpus, tmp_path / "ledger")
-    ldr._ledger.chunk_steps = 10
+    ldr.ledger.chunk_steps = 10
     take(ldr, 25)
-    ldr._ledger._drain()  # the two full chunks were handed to the background writer
+    ldr.ledger._drain()  # the two full chunks were handed to the background writer
     names = sorted(p.name for p in (tmp_path / "ledger" / "rank00000").iterdir())
     assert names == ["gen-000000-000000.npz", "gen-000000-000001.npz"]
     assert (tmp_path / "ledger" / "generations" / "gen-000000" / "rank00000.json").exists()
@@ -91,11 +91,11 @@ def test_resume_after_a_kill_past_the_checkpoint_checks_clean(corpus, tmp_path, 
     for _ in range(9):  # the job trains on past the checkpoint, then is killed
         next(it)
     if flushed:
-        first._ledger.flush()
+        first.ledger.flush()
     else:
-        first._ledger._steps.clear()
-        first._ledger._pieces.clear()
-    first._ledger.close()
+        first.ledger._steps.clear()
+        first.ledger._pieces.clear()
+    first.ledger.close()
     resumed = _loader(corpus, url, num_workers=num_workers)
     resumed.load_state_dict(state)
     tail = take(resumed)
@@ -121,7 +121,7 @@ def test_infinite_runs_check_their_steps(corpus, tmp_path):
     take(first, 40)
     state = first.state_dict()
     take(first, 10)
-    first._ledger.close()
+    first.ledger.close()
     resumed = loader(dataset(corpus, weights=WEIGHTS, infinite=True), ledger_dir=str(url))
     resumed.load_state_dict(state)
     take(resumed, 700)  # past a pass of the small streams: records come back, as they should
@@ -169,7 +169,7 @@ def test_two_ranks_resumed_exactly_check_clean(corpus, tmp_path):
         take(ldr, 10)
         states.append(ldr.state_dict())
         take(ldr, 5)
-        ldr._ledger.close()
+        ldr.ledger.close()
     for rank in range(2):
         ldr = loader(dataset(corpus, weights=WEIGHTS, rank=rank, world_size=2), ledger_dir=str(url))
         ldr.load_state_dict(states[rank])
@@ -203,13 +203,13 @@ def test_torchrun_ranks_agree_on_generations(corpus, tmp_path):
     import sys
     from pathlib import Path
 
-    from s3_server import free_port
+    from helpers.s3_server import free_port
 
     urls = [url for url, _ in corpus.values()]
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(here / "ledger_dist_worker.py"), str(tmp_path / "ledger"), *urls]
+           f"--master_port={free_port()}", str(here / "helpers" / "workers" / "ledger_dist_worker.py"), str(tmp_path / "ledger"), *urls]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ledger = read_ledger(str(tmp_path / "ledger"))
@@ -225,7 +225,7 @@ def test_torchrun_ranks_agree_on_generations(corpus, tmp_path):
 def finished(corpus, tmp_path):
     url = tmp_path / "ledger"
     ldr = _loader(corpus, url)
-    ldr._ledger.chunk_steps = 50
+    ldr.ledger.chunk_steps = 50
     take(ldr, 120)
     ldr.state_dict()
     return url

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_helpers import dataset, loader, make_corpus, take
+from helpers.pipeline import dataset, loader, make_corpus, take
 from streamforge import cu_seqlens, document_block_mask, packed_causal_mask
 from streamforge.pipeline.masks import document_mask_mod
 

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import pytest
 
-from pipeline_helpers import loader, random_docs, write_stream
+from helpers.pipeline import loader, random_docs, write_stream
 from streamforge import PackedTokenDataset, Stream
 
 PASSES = 200

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_helpers import assert_batches_equal, loader, make_corpus
+from helpers.pipeline import assert_batches_equal, loader, make_corpus
 from streamforge import ConfigError, PackedTokenDataset, Stream, StorageConfig, unpack_state
 
 NAMES = ["web", "code", "books"]

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from pipeline_helpers import random_docs, write_stream
+from helpers.pipeline import random_docs, write_stream
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 

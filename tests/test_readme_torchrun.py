@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from s3_server import free_port
+from helpers.s3_server import free_port
 from test_docs import ROOT, code_blocks
 
 CHECK = '''

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 from streamforge import unpack_state
 
 CONFIGS = [

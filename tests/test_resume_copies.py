@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, random_docs, take, write_stream
+from helpers.pipeline import assert_batches_equal, dataset, loader, random_docs, take, write_stream
 from streamforge import PackedTokenDataset, Stream, StreamingLoader
 from streamforge.storage.config import StorageConfig
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 from streamforge import ResumeMismatchError, merge_states, unpack_state
 
 

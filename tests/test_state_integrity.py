@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 from streamforge import ResumeMismatchError, unpack_state
 from streamforge.errors import StreamforgeError
 

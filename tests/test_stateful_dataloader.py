@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
-from fault_proxy import FaultProxy
-from pipeline_helpers import assert_batches_equal, dataset, make_corpus, random_docs, write_stream
+from helpers.fault_proxy import FaultProxy
+from helpers.pipeline import assert_batches_equal, dataset, make_corpus, random_docs, write_stream
 from streamforge import PackedTokenDataset, ResumeMismatchError, Stream
 from streamforge.pipeline.blocks import BlockIterator
 from streamforge.pipeline.batch import expand

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from streamforge.pipeline.batch import RowBatch
-from streamforge.loader.workers import _Ring, _Rings, _shared_bytes, _start_workers
+from streamforge.loader.workers import WorkerBatch, _Ring, _Rings, _shared_bytes, _start_workers
 
 
 def _rows(seed: int, pieces: int = 3, rows: int = 2, width: int = 9) -> RowBatch:
@@ -28,14 +28,14 @@ def _rows(seed: int, pieces: int = 3, rows: int = 2, width: int = 9) -> RowBatch
     )
 
 
-def _message(seed: int, count: int, **kw) -> list[tuple]:
-    return [("batch", 0, seed * 10 + i, _rows(seed * 10 + i, **kw), {"step": i}, None, None) for i in range(count)]
+def _message(seed: int, count: int, **kw) -> list[WorkerBatch]:
+    return [WorkerBatch(0, seed * 10 + i, _rows(seed * 10 + i, **kw), {"step": i}) for i in range(count)]
 
 
-def _received(rings: _Rings, shipped) -> list[tuple]:
+def _received(rings: _Rings, shipped) -> list[WorkerBatch]:
     """The message's batches, its slot released at once (their tokens copied first)."""
     items, release = rings.receive(shipped)
-    items = [item[:3] + (_copy(item[3]),) + item[4:] for item in items]
+    items = [dataclasses.replace(item, rows=_copy(item.rows)) for item in items]
     if release is not None:
         release()
     return items
@@ -52,12 +52,12 @@ def test_messages_come_out_equal_through_every_slot_twice():
     kinds = []
     for seed in range(8):  # the first travels whole, the next seven wrap around the ring
         sent = _message(seed, 1 + seed % 3)
-        shipped = ring.ship([item[:3] + (_copy(item[3]),) + item[4:] for item in sent])
+        shipped = ring.ship([dataclasses.replace(item, rows=_copy(item.rows)) for item in sent])
         kinds.append(shipped[0])
         got = _received(rings, shipped)
-        assert [g[:3] + g[4:] for g in got] == [s[:3] + s[4:] for s in sent]
+        assert [dataclasses.replace(g, rows=None) for g in got] == [dataclasses.replace(s, rows=None) for s in sent]
         for g, s in zip(got, sent):
-            _same(g[3], s[3])
+            _same(g.rows, s.rows)
     assert kinds == ["whole"] + ["ring"] * 7
 
 
@@ -69,30 +69,30 @@ def test_tokens_are_read_in_the_slot_until_it_is_released(monkeypatch):
     ring, rings = _Ring(0, slots=2, slot_bytes=4096), _Rings()
     _received(rings, ring.ship(_message(0, 1)))  # the first message travels whole
     sent = _message(1, 2)
-    expected = [_copy(item[3]) for item in sent]
+    expected = [_copy(item.rows) for item in sent]
     items, release = rings.receive(ring.ship(sent))
-    assert np.shares_memory(items[0][3].tokens, ring.memory)
-    assert not any(np.shares_memory(getattr(items[0][3], name), ring.memory)
+    assert np.shares_memory(items[0].rows.tokens, ring.memory)
+    assert not any(np.shares_memory(getattr(items[0].rows, name), ring.memory)
                    for name in RowBatch.__dataclass_fields__ if name != "tokens")
     assert ring.ship(_message(2, 1))[0] == "ring"  # the other slot
     assert ring.ship(_message(3, 1))[0] == "whole"  # none free: the first is not released
     for g, e in zip(items, expected):
-        _same(g[3], e)
+        _same(g.rows, e)
     release()
     assert ring.ship(_message(4, 1))[0] == "ring"  # the released slot, written again
-    assert not np.array_equal(items[0][3].tokens, expected[0].tokens)
+    assert not np.array_equal(items[0].rows.tokens, expected[0].tokens)
     for g, e in zip(items, expected):  # the pieces stay as they were
-        assert np.array_equal(g[3].record, e.record) and np.array_equal(g[3].start, e.start)
+        assert np.array_equal(g.rows.record, e.record) and np.array_equal(g.rows.start, e.start)
 
 
 def _built_in_slot(ring: _Ring, sent: list[tuple]) -> list[tuple]:
     """``sent`` with each batch's tokens built where ``tokens_out`` says, as a worker builds them."""
     out = []
     for j, item in enumerate(sent):
-        place = ring.tokens_out(j, item[3].tokens.shape, item[3].tokens.dtype)
+        place = ring.tokens_out(j, item.rows.tokens.shape, item.rows.tokens.dtype)
         assert place is not None, f"batch {j}: no place in the slot"
-        place[...] = item[3].tokens
-        out.append(item[:3] + (dataclasses.replace(item[3], tokens=place),) + item[4:])
+        place[...] = item.rows.tokens
+        out.append(dataclasses.replace(item, rows=dataclasses.replace(item.rows, tokens=place)))
     return out
 
 
@@ -104,7 +104,7 @@ def test_tokens_built_in_their_slot_travel_without_another_copy(monkeypatch):
     _received(rings, ring.ship(_message(0, 1)))
     for seed in (1, 2, 3):  # through both slots, and the first again once released
         sent = _message(seed, 3)
-        expected = [_copy(item[3]) for item in sent]
+        expected = [_copy(item.rows) for item in sent]
         built = _built_in_slot(ring, sent)
         copies = []
         real = np.concatenate
@@ -119,7 +119,7 @@ def test_tokens_built_in_their_slot_travel_without_another_copy(monkeypatch):
         assert shipped[0] == "ring"
         assert len(copies) == len(RowBatch.__dataclass_fields__) - 1 and np.dtype(np.uint16) not in copies
         for g, e in zip(_received(rings, shipped), expected):
-            _same(g[3], e)
+            _same(g.rows, e)
 
 
 def test_a_message_built_in_its_slot_that_travels_whole_keeps_its_tokens(monkeypatch):
@@ -129,13 +129,13 @@ def test_a_message_built_in_its_slot_that_travels_whole_keeps_its_tokens(monkeyp
     ring, rings = _Ring(0, slots=2, slot_bytes=512), _Rings()
     _received(rings, ring.ship(_message(0, 1)))
     sent = _message(1, 2, pieces=20)
-    expected = [_copy(item[3]) for item in sent]
+    expected = [_copy(item.rows) for item in sent]
     shipped = ring.ship(_built_in_slot(ring, sent))
     assert shipped[0] == "whole"
-    assert not any(np.shares_memory(item[3].tokens, ring.memory) for item in shipped[1])
+    assert not any(np.shares_memory(item.rows.tokens, ring.memory) for item in shipped[1])
     _built_in_slot(ring, _message(2, 2))  # the same slot, written again
     for g, e in zip(_received(rings, shipped), expected):
-        _same(g[3], e)
+        _same(g.rows, e)
 
 
 def test_no_place_in_a_slot_not_released_yet(monkeypatch):
@@ -167,7 +167,7 @@ def test_a_message_larger_than_a_slot_travels_whole():
     big = _message(1, 2, pieces=50)
     shipped = ring.ship(big)
     assert shipped[0] == "whole"
-    _same(_received(rings, shipped)[1][3], big[1][3])
+    _same(_received(rings, shipped)[1].rows, big[1].rows)
 
 
 def test_a_slot_never_acknowledged_makes_the_message_travel_whole(monkeypatch):
@@ -183,12 +183,12 @@ def test_each_batch_of_a_message_gets_back_its_own_pieces():
     ring, rings = _Ring(0, slots=2, slot_bytes=1 << 16), _Rings()
     _received(rings, ring.ship(_message(0, 1)))
     for width in (9, 17):
-        sent = [("batch", 1, i, _rows(i, pieces=i, width=width), {"step": i}, None, None) for i in range(7)]
-        expected = [_copy(item[3]) for item in sent]
+        sent = [WorkerBatch(1, i, _rows(i, pieces=i, width=width), {"step": i}) for i in range(7)]
+        expected = [_copy(item.rows) for item in sent]
         shipped = ring.ship(sent)
         assert shipped[0] == "ring"
         for g, e in zip(_received(rings, shipped), expected):
-            _same(g[3], e)
+            _same(g.rows, e)
 
 
 @pytest.mark.parametrize("differ", ["width", "dtype"])
@@ -198,10 +198,10 @@ def test_batches_that_cannot_lie_end_to_end_travel_whole(differ):
     other = _rows(1, width=17 if differ == "width" else 9)
     if differ == "dtype":
         other.tokens = other.tokens.astype(np.uint32)
-    sent = [("batch", 1, 0, _rows(0, width=9), {}, None, None), ("batch", 1, 1, other, {}, None, None)]
+    sent = [WorkerBatch(1, 0, _rows(0, width=9), {}), WorkerBatch(1, 1, other, {})]
     shipped = ring.ship(sent)
     assert shipped[0] == "whole"
-    _same(_received(rings, shipped)[1][3], other)
+    _same(_received(rings, shipped)[1].rows, other)
     assert ring.ship(_message(2, 2))[0] == "ring"  # the slot it did not take is still free
 
 
@@ -215,11 +215,11 @@ def test_token_dtypes_survive(dtype):
     _received(rings, ring.ship(_message(0, 1)))
     sent = _message(1, 2)
     for item in sent:
-        item[3].tokens = item[3].tokens.astype(dtype)
-    expected = [_copy(item[3]) for item in sent]
+        item.rows.tokens = item.rows.tokens.astype(dtype)
+    expected = [_copy(item.rows) for item in sent]
     got = _received(rings, ring.ship(sent))
     for g, e in zip(got, expected):
-        _same(g[3], e)
+        _same(g.rows, e)
 
 
 class _FreezeCount(torch.utils.data.IterableDataset):
@@ -254,7 +254,7 @@ def test_workers_start_with_the_trainers_objects_frozen_and_the_trainer_gets_the
 def test_workers_started_without_fork_hand_over_the_same_batches(tmp_path, context):
     """The ring reaches the main process by torch's fd hand-over, which needs no fork: workers
     that import everything afresh give the batches of forked ones."""
-    from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+    from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
 
     corpus = make_corpus(tmp_path, np.random.default_rng(3))
     ds = dataset(corpus, weights=[0.5, 0.3, 0.2])
@@ -270,7 +270,7 @@ def test_every_slot_is_released_in_a_pass_with_workers(tmp_path, monkeypatch, de
     did not release would make a later message wait and travel whole. The batches are the
     clock's (each logical worker's pipeline by hand), with the device feed's thread
     (``depth``) running ahead of the training thread or not."""
-    from pipeline_helpers import assert_batches_equal, dataset, loader, make_corpus, take
+    from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, take
     from test_head_start import _by_hand
 
     import streamforge.loader.workers as workers
@@ -315,7 +315,7 @@ def test_a_pass_ends_without_waiting_for_its_workers_to_exit(tmp_path, monkeypat
     """At the end of a pass the worker processes are stopped and joined on a thread of their
     own; the next iteration joins that thread before it forks its workers, and an iteration
     left early stops its workers before the loop goes on."""
-    from pipeline_helpers import dataset, loader, make_corpus, take
+    from helpers.pipeline import dataset, loader, make_corpus, take
 
     import streamforge.loader.workers as workers
 
@@ -348,13 +348,13 @@ def test_the_interpreter_exits_after_joining_the_workers_of_its_last_pass(tmp_pa
     import subprocess
     import sys
 
-    from pipeline_helpers import make_corpus
+    from helpers.pipeline import make_corpus
 
     corpus = {name: (url, None) for name, (url, _) in make_corpus(tmp_path, np.random.default_rng(7)).items()}
     script = f"""
 import json, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
-from pipeline_helpers import dataset, loader, take
+from helpers.pipeline import dataset, loader, take
 import streamforge.loader.workers as workers
 pids, before, at_fork = [], "numpy.random" in sys.modules, []
 real = workers._start_workers
@@ -379,7 +379,7 @@ print(json.dumps({{"batches": n, "pids": pids, "numpy.random": [before, at_fork]
 def test_workers_are_stopped_in_place_when_no_thread_can_start(tmp_path, monkeypatch):
     """Where no new thread can start (the interpreter is shutting down), the pass stops and
     joins its workers itself."""
-    from pipeline_helpers import dataset, loader, make_corpus, take
+    from helpers.pipeline import dataset, loader, make_corpus, take
 
     exits = _exits_on(monkeypatch)
     real_start = threading.Thread.start
@@ -399,7 +399,7 @@ def test_workers_are_stopped_in_place_when_no_thread_can_start(tmp_path, monkeyp
 def test_a_pipeline_builds_its_tokens_where_it_is_told(tmp_path, packing):
     """``next_batch(out=...)`` gives the batch it gives without, its tokens in ``out``, to the
     pass's end (where a short or padded batch gets its own array), whatever ``out`` held."""
-    from pipeline_helpers import dataset, make_corpus
+    from helpers.pipeline import dataset, make_corpus
 
     ds = dataset(make_corpus(tmp_path, np.random.default_rng(3)), seq_len=32, packing=packing)
     plain, told = ds.make_pipeline(0, 1), ds.make_pipeline(0, 1)

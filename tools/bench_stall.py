@@ -11,7 +11,7 @@ Modes: ``0 workers`` (the pipeline runs on the training thread), ``0 workers + t
 (``device_prefetch=2``: the pipeline runs on the loader's background thread), ``2 workers``
 (DataLoader processes; the training thread receives and expands each batch) and ``2 workers +
 thread`` (the loader's thread receives and expands them: what a CUDA rank gets by default). Backends: local disk; loopback S3 (moto) in a child process; the same
-S3 behind ``tests/fault_proxy.py`` failing 5% of the reads (resets, 503 SlowDown, stalls,
+S3 behind ``tests/helpers/fault_proxy.py`` failing 5% of the reads (resets, 503 SlowDown, stalls,
 truncated bodies), also in that child process so the trainer's process only runs the trainer.
 
     python tools/bench_stall.py            # about 4 minutes on 2 cores; writes docs/benchmarks.md
@@ -24,7 +24,6 @@ import argparse
 import itertools
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -42,15 +41,13 @@ from streamforge.demo.run import STREAMS, build_corpus  # noqa: E402
 from streamforge.storage.config import RetryPolicy, StorageConfig  # noqa: E402
 
 _SERVERS = """
-import sys, time
-sys.path.insert(0, sys.argv[2])
-from moto.server import ThreadedMotoServer
-from fault_proxy import FaultProxy
-port = int(sys.argv[1])
-s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-s3.start()
-proxy = FaultProxy(f"http://127.0.0.1:{port}", rate=float(sys.argv[3]), seed=0, stall_s=2.0).start()
-print(proxy.endpoint_url, flush=True)
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]  # the checkout, and its tests/ for helpers.fault_proxy
+from streamforge.demo.s3 import LoopbackS3
+from helpers.fault_proxy import FaultProxy
+s3 = LoopbackS3(key="bench", secret="bench").start()
+proxy = FaultProxy(s3.endpoint_url, rate=float(sys.argv[2]), seed=0, stall_s=2.0).start()
+print(s3.endpoint_url, proxy.endpoint_url, flush=True)
 sys.stdin.read()
 print(proxy.requests, sum(proxy.faults.values()), flush=True)
 proxy.stop()
@@ -61,25 +58,18 @@ MODES = (("0 workers", 0, 0), ("0 workers + thread", 0, 2), ("2 workers", 2, 0),
 STEP_MS = (5, 20, 100)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Servers:
-    """moto S3 and the fault proxy in front of it, in a child process."""
+    """moto S3 (``streamforge.demo.s3.LoopbackS3``) and the fault proxy in front of it, in a
+    child process."""
 
     def __init__(self, fault_rate: float) -> None:
-        port = free_port()
         env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                "AWS_DEFAULT_REGION": "us-east-1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVERS, str(port), str(ROOT / "tests"), str(fault_rate)],
+            [sys.executable, "-c", _SERVERS, str(ROOT), str(fault_rate)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True,
         )
-        self.clean = f"http://127.0.0.1:{port}"
-        self.faulty = self.proc.stdout.readline().strip()
+        self.clean, self.faulty = self.proc.stdout.readline().split()
 
     def options(self, endpoint: str) -> dict:
         return {"key": "bench", "secret": "bench", "skip_instance_cache": True,
@@ -219,7 +209,7 @@ def write_doc(results: list[dict], args, requests: int, faults: int) -> None:
         f"seq_len {args.seq_len}, batch {args.batch_size} ({args.seq_len * args.batch_size:,} tokens a step), "
         "CPU batches. The trainer takes a batch, then sleeps for the step time (the GIL is free, as "
         f"while a GPU step runs). {args.warmup} start-up batches are left out (start-up column). S3 is moto "
-        f"on 127.0.0.1 in a child process; the faulty S3 is the same server behind `tests/fault_proxy.py` "
+        f"on 127.0.0.1 in a child process; the faulty S3 is the same server behind `tests/helpers/fault_proxy.py` "
         f"({faults} of {requests} requests faulted: resets, 503 SlowDown, 2 s stalls, truncated bodies), "
         "with a 1 s request timeout; reads that run far past their peers are hedged (a twin request, "
         "`StorageConfig.hedge`; the hedged column counts them).",

@@ -17,7 +17,6 @@ import argparse
 import os
 import platform
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,40 +28,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from streamforge import PackedTokenDataset, Stream, StreamingLoader  # noqa: E402
+from streamforge.demo.s3 import LoopbackS3  # noqa: E402
 from streamforge.format.writer import ShardWriter  # noqa: E402
 from streamforge.storage.config import StorageConfig  # noqa: E402
 
-_SERVER = (
-    "import sys, time\n"
-    "from moto.server import ThreadedMotoServer\n"
-    "s = ThreadedMotoServer(ip_address='127.0.0.1', port=int(sys.argv[1]), verbose=False)\n"
-    "s.start()\n"
-    "print('ready', flush=True)\n"
-    "sys.stdin.read()\n"
-    "s.stop()\n"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_s3():
+def start_s3() -> tuple[LoopbackS3, dict]:
+    """moto's S3 in a child process of its own (its CPU and memory are not the reader's), and
+    the storage options to reach it."""
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    port = free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=env, text=True,
-    )
-    assert proc.stdout.readline().strip() == "ready"
-    opts = {
-        "key": "bench", "secret": "bench", "skip_instance_cache": True,
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"},
-    }
-    return proc, opts
+    server = LoopbackS3(key="bench", secret="bench", in_process=False).start()
+    return server, server.storage_options()
 
 
 def write_corpus(url, num_tokens, opts, seed=0):
@@ -169,9 +144,7 @@ def main(argv=None):
     workdir = tempfile.mkdtemp(prefix="sf-bench-")
     server, opts = start_s3()
     try:
-        import s3fs
-
-        s3fs.S3FileSystem(**opts).mkdir("bench")
+        server.create_bucket("bench")
         local_url, s3_url = os.path.join(workdir, "web"), "s3://bench/web"
         manifest = write_corpus(local_url, int(args.tokens), None)
         write_corpus(s3_url, int(args.tokens), opts)
@@ -182,8 +155,7 @@ def main(argv=None):
                 rows.append((name, workers, r))
                 print(name, workers, {k: round(v, 3) for k, v in r.items()}, flush=True)
     finally:
-        server.stdin.close()
-        server.wait(timeout=30)
+        server.stop()
     report(rows, manifest, args)
 
 

@@ -20,11 +20,9 @@ the number of workers, so every N gives the same files.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Any, Callable
 
 import numpy as np

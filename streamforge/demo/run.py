@@ -50,6 +50,7 @@ import numpy as np
 from ..errors import ManifestError
 from ..format.manifest import Manifest
 from ..format.writer import ShardWriter, parse_size
+from .s3 import LoopbackS3
 
 VOCAB_SIZE = 512
 EOS_ID = 511
@@ -152,39 +153,6 @@ def describe_corpus(manifests: dict[str, Manifest]) -> str:
     )
 
 
-# -- loopback S3 ---------------------------------------------------------------------------------
-class LoopbackS3:
-    """A moto S3 server on 127.0.0.1 holding a copy of the corpus (``--s3``)."""
-
-    def __init__(self) -> None:
-        import socket
-
-        from moto.server import ThreadedMotoServer
-
-        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            os.environ.setdefault(var, "demo")
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint_url = f"http://127.0.0.1:{self.port}"
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-        self.storage_options = {"key": "demo", "secret": "demo", "client_kwargs": {"endpoint_url": self.endpoint_url}}
-
-    def upload(self, local: Path, bucket: str, name: str) -> str:
-        import s3fs
-
-        fs = s3fs.S3FileSystem(**self.storage_options)
-        if not fs.exists(bucket):
-            fs.mkdir(bucket)
-        fs.put(str(local) + "/", f"{bucket}/{name}/", recursive=True)
-        return f"s3://{bucket}/{name}"
-
-    def stop(self) -> None:
-        self._server.stop()
-
-
 # -- command line -------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -231,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     if args.s3:
         try:
-            server = LoopbackS3()
+            server = LoopbackS3(key="demo", secret="demo").start()
         except ImportError:
             print("--s3 needs moto's server: .venv/bin/pip install -c constraints.txt 'moto[server]'")
             return 2
@@ -255,7 +223,8 @@ def reference_and_resume(args: argparse.Namespace, out_dir: Path, server: Loopba
     for spec in STREAMS:
         url, options = str(out_dir / "corpus" / spec.name), None
         if server is not None:
-            url, options = server.upload(out_dir / "corpus" / spec.name, "streamforge-demo", spec.name), server.storage_options
+            url = server.upload(out_dir / "corpus" / spec.name, "streamforge-demo", spec.name)
+            options = server.storage_options(skip_instance_cache=False)
             where = f"loopback S3 at {server.endpoint_url}"
         streams.append({"url": url, "weight": spec.weight, "name": spec.name, "storage_options": options})
     print(f"[1/4] corpus in {out_dir / 'corpus'}, served from {where} ({time.perf_counter() - started:.1f} s)")

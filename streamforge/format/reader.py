@@ -8,7 +8,7 @@ objects would dominate the cost.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import zstandard

@@ -62,6 +62,7 @@ from ..errors import LedgerError
 from ..storage.config import RetryPolicy
 from ..storage.open import join, open_url
 from ..storage.retry import Retrier
+from ..topology import Topology
 
 FORMAT = "streamforge-ledger"
 VERSION = 1
@@ -135,7 +136,7 @@ class LedgerWriter:
         buffered belongs to the previous one and is written first. Returns its number."""
         self.flush()
         # what this writer wrote is in the listing: a number is never reused once written
-        self.generation = _agree_max(_last_generation(self._fs, self._root) + 1)
+        self.generation = Topology(self.rank, self.world_size).agree_max(_last_generation(self._fs, self._root) + 1)
         self._header = {
             "format": FORMAT, "version": VERSION, "rank": self.rank, "world_size": self.world_size,
             "generation": self.generation, "resumed_at_step": int(resumed_at_step), "mode": str(mode),
@@ -261,21 +262,6 @@ def _flush_open_writers() -> None:
             writer.flush()
         except Exception:  # noqa: BLE001 - best effort at exit; the steps were delivered anyway
             pass
-
-
-def _agree_max(value: int) -> int:
-    """The maximum of ``value`` over ranks when a process group exists (once per generation)."""
-    try:
-        import torch
-        dist = torch.distributed
-    except ImportError:  # pragma: no cover
-        return value
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
 
 
 def _last_generation(fs, root: str) -> int:
@@ -490,32 +476,3 @@ def _full_plan(items: list[dict]) -> dict:
         base["drop_bound"] = base["drop_bound"] + sum(i["drop_bound"] for i in later)
         base["replans"] = len(later)
     return base
-
-
-def plan_summary(plan) -> dict[str, Any]:
-    """What the ledger keeps of a ``PassPlan``: its steps and token accounting."""
-    return {
-        "pass": plan.pass_idx, "first_step": plan.first_step, "steps": plan.steps,
-        "world_size": plan.world_size, "workers_per_rank": plan.workers_per_rank,
-        "batch_size": plan.batch_size, "seq_len": plan.seq_len, "packing": plan.packing,
-        "tokens": int(sum(plan.tokens)), "dropped_tokens": plan.dropped_tokens(), "drop_bound": plan.drop_bound(),
-    }
-
-
-def for_loader(loader, url: str, storage_options: dict[str, Any] | None = None,
-               chunk_steps: int = DEFAULT_CHUNK_STEPS) -> LedgerWriter:
-    """The writer of ``loader``'s rank, with the job's meta and hooks into the loader."""
-    ds = loader.dataset
-    meta = {**loader._config, "stream_urls": [s.url for s in ds.streams]}
-    owner = weakref.ref(loader)  # no cycle: a dropped loader frees (and flushes) its writer at once
-
-    def describe_pass(pass_idx: int) -> dict:
-        live = owner()
-        return {} if live is None else {**plan_summary(live.plan()), "remaining": live._remaining is not None}
-
-    def damaged() -> list:
-        live = owner()
-        return [] if live is None else live.skipped()
-
-    return LedgerWriter(url, rank=ds.rank, world_size=ds.world_size, storage_options=storage_options,
-                        meta=meta, chunk_steps=chunk_steps, damaged=damaged, describe_pass=describe_pass)

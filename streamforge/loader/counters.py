@@ -7,7 +7,7 @@ loader state, so a resumed run's counters equal the uninterrupted run's.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -18,77 +18,119 @@ from ..stages.base import check_state
 _KEYS = ("tokens", "documents", "phase_tokens", "skipped_steps", "skipped_tokens", "dropped_tokens")
 
 
+class Totals(NamedTuple):
+    """Every count at once, never changed in place: the loader replaces ``Counters.totals``
+    with one store as it hands out a batch, so an exception can leave the counts only
+    before or after that batch, never in between."""
+
+    tokens: tuple = ()
+    documents: tuple = ()
+    phase_tokens: tuple = ()
+    skipped_steps: int = 0
+    skipped_tokens: int = 0
+    dropped_tokens: int = 0
+
+
+class Tally(NamedTuple):
+    """One batch's counts, computed where the batch is prepared (off the training thread
+    when the loader prefetches)."""
+
+    num_tokens: int
+    tokens: list
+    documents: list
+
+
 class Counters:
+    """A rank's counts of what its batches held, per stream and per schedule phase.
+
+    Args:
+        names: the stream names, in the dataset's order.
+        schedule: the mixture schedule whose phases the counts are kept by.
+    """
+
     def __init__(self, names: Sequence[str], schedule: MixtureSchedule) -> None:
         self.names = list(names)
         self.schedule = schedule
         n = len(self.names)
         # plain Python numbers: a handful of additions per batch on the training thread, where
         # a numpy call right after an idle step costs tens of microseconds
-        self._tokens: list = [0] * n
-        self._documents: list = [0] * n
-        self._phase_tokens: list[list] = [[0] * n for _ in schedule.starts]
-        self.skipped_steps = 0
-        self.skipped_tokens = 0
-        self.dropped_tokens = 0
+        zeros = (0,) * n
+        self.totals = Totals(zeros, zeros, tuple(zeros for _ in schedule.starts))
 
     @property
     def tokens(self) -> list[int]:
-        return [int(x) for x in self._tokens]
+        return [int(x) for x in self.totals.tokens]
 
     @property
     def documents(self) -> list[int]:
-        return [int(x) for x in self._documents]
+        return [int(x) for x in self.totals.documents]
 
     @property
     def phase_tokens(self) -> list[list[int]]:
-        return [[int(x) for x in row] for row in self._phase_tokens]
+        return [[int(x) for x in row] for row in self.totals.phase_tokens]
 
-    def tally(self, rows: RowBatch) -> tuple[int, list[int], list[int]]:
-        """``(tokens, tokens per stream, documents per stream)`` of a batch: the counting,
-        done where the batch is prepared (off the training thread when the loader prefetches),
-        so that ``add`` is a few additions."""
+    @property
+    def skipped_steps(self) -> int:
+        return self.totals.skipped_steps
+
+    @property
+    def skipped_tokens(self) -> int:
+        return self.totals.skipped_tokens
+
+    @property
+    def dropped_tokens(self) -> int:
+        return self.totals.dropped_tokens
+
+    def tally(self, rows: RowBatch) -> Tally:
+        """A batch's counts, so that ``after`` is a few additions."""
         n = len(self.names)
         num_tokens = int(rows.length.sum())
         starts = rows.token_start == 0
         if n == 1:  # one stream: no bincount
-            return num_tokens, [num_tokens], [int(np.count_nonzero(starts))]
+            return Tally(num_tokens, [num_tokens], [int(np.count_nonzero(starts))])
         tokens = np.bincount(rows.stream, weights=rows.length, minlength=n).astype(np.int64).tolist()
-        return num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist()
+        return Tally(num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist())
 
-    def add(self, tally: tuple[int, list[int], list[int]], step: int) -> None:
-        """Count a batch handed out at global ``step`` from its ``tally``."""
-        _, tokens, documents = tally
+    def after(self, tally: Tally, step: int) -> Totals:
+        """The totals once a batch of ``tally`` is handed out at global ``step`` (nothing changes)."""
+        t = self.totals
         phase = 0 if len(self.schedule.starts) == 1 else self.schedule.phase_at(step)
-        total = [a + b for a, b in zip(self._tokens, tokens)]
-        docs = [a + b for a, b in zip(self._documents, documents)]
-        in_phase = [a + b for a, b in zip(self._phase_tokens[phase], tokens)]
-        # stored together, last: an exception raised above (a KeyboardInterrupt, say) leaves
-        # the counters as they were (the loader's commit relies on it)
-        self._tokens, self._documents, self._phase_tokens[phase] = total, docs, in_phase
+        rows = list(t.phase_tokens)
+        rows[phase] = tuple(a + b for a, b in zip(rows[phase], tally.tokens))
+        return t._replace(tokens=tuple(a + b for a, b in zip(t.tokens, tally.tokens)),
+                          documents=tuple(a + b for a, b in zip(t.documents, tally.documents)),
+                          phase_tokens=tuple(rows))
 
-    def skip(self, num_tokens: int) -> None:
-        self.skipped_steps += 1
-        self.skipped_tokens += num_tokens
+    def after_skip(self, tally: Tally) -> Totals:
+        """The totals once a batch of ``tally`` is dropped at a skipped step."""
+        t = self.totals
+        return t._replace(skipped_steps=t.skipped_steps + 1, skipped_tokens=t.skipped_tokens + tally.num_tokens)
+
+    def add_dropped(self, num_tokens: int) -> None:
+        """Count tokens of a pass that no full step held."""
+        self.totals = self.totals._replace(dropped_tokens=self.totals.dropped_tokens + num_tokens)
 
     def set_tokens(self, tokens: Sequence[float]) -> None:
         """Start from these tokens per stream (documents and phases unknown: left at 0)."""
-        self._tokens = list(tokens)
+        self.totals = self.totals._replace(tokens=tuple(tokens))
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _KEYS}
+        t = self.totals
+        return {"tokens": list(t.tokens), "documents": list(t.documents),
+                "phase_tokens": [list(row) for row in t.phase_tokens], "skipped_steps": t.skipped_steps,
+                "skipped_tokens": t.skipped_tokens, "dropped_tokens": t.dropped_tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, _KEYS, "Counters")
         n = len(self.names)
         if len(state["tokens"]) != n or len(state["phase_tokens"]) != len(self.schedule.starts):
             return  # other streams or phases: the counters cannot carry over
-        self._tokens = [_number(x) for x in state["tokens"]]
-        self._documents = [_number(x) for x in state["documents"]]
-        self._phase_tokens = [[_number(x) for x in row] for row in state["phase_tokens"]]
-        for key in ("skipped_steps", "skipped_tokens", "dropped_tokens"):
-            setattr(self, key, int(state[key]))
+        self.totals = Totals(
+            tuple(_number(x) for x in state["tokens"]), tuple(_number(x) for x in state["documents"]),
+            tuple(tuple(_number(x) for x in row) for row in state["phase_tokens"]),
+            int(state["skipped_steps"]), int(state["skipped_tokens"]), int(state["dropped_tokens"]),
+        )
 
     # -- report ----------------------------------------------------------------------------
     def report(self, step: int) -> dict[str, Any]:

@@ -69,24 +69,32 @@ class _Failure:
         self.error = error
 
 
+class Taken:
+    """A raw item as ``take()`` gives it, with its batch being prepared (``payload``)."""
+
+    __slots__ = ("item", "payload")
+
+    def __init__(self, item: Any, payload: Any) -> None:
+        self.item, self.payload = item, payload
+
+
 class DeviceFeed:
     """One iteration's feed::
 
         take = feed.open(raw)
         try:
             while (got := take()) is not None:
-                item = got[0]
-                ...                       # commit the item's state
-                batch = feed.hand_out(got)
+                batch = feed.hand_out(got)  # got.item: the raw item
+                ...                         # commit got.item's state
         finally:
             feed.close()
 
-    ``take()`` gives the raw items unchanged and in order, each as ``[item, payload]``, and
-    None at the end; ``hand_out(got)`` returns its batch, ready to be read on the caller's
-    current stream. ``prepare(rows)`` (rows: ``item[2]``) makes the batch (expand, pin,
-    copy); on CUDA with ``depth > 0`` it runs under the side stream, so its copies are issued
-    there. With ``depth > 0``, ``take`` is one call into the hand-off: the training thread
-    runs as little code as possible between two steps.
+    ``take()`` gives the raw items unchanged and in order, each as a ``Taken``, and None at
+    the end; ``hand_out(got)`` returns its batch, ready to be read on the caller's current
+    stream. ``prepare(rows)`` (rows: ``item.rows``) makes the batch (expand, pin, copy); on
+    CUDA with ``depth > 0`` it runs under the side stream, so its copies are issued there.
+    With ``depth > 0``, ``take`` is one call into the hand-off: the training thread runs as
+    little code as possible between two steps.
     """
 
     def __init__(self, prepare: Callable[[Any], Batch], device: torch.device, depth: int) -> None:
@@ -103,9 +111,9 @@ class DeviceFeed:
         if self.depth == 0:
             self._raw = raw
 
-            def take() -> tuple | None:
+            def take() -> Taken | None:
                 item = next(raw, None)
-                return None if item is None else [item, item[2]]
+                return None if item is None else Taken(item, item.rows)
 
             return take
         self._hand = hand = _Handoff(self.depth)
@@ -114,11 +122,11 @@ class DeviceFeed:
         self._thread.start()
         return hand.take
 
-    def hand_out(self, got: list) -> Batch:
+    def hand_out(self, got: Taken) -> Batch:
         """The batch of ``got`` (what ``take`` returned), which it drops: the caller then
         holds the only reference, so a batch it is done with is freed in its own time, not
         inside the next ``take`` (freeing a CPU batch costs tens of microseconds)."""
-        payload = got.pop()
+        payload, got.payload = got.payload, None
         if self.depth == 0:
             return self.prepare(payload)
         batch, event = payload
@@ -146,11 +154,11 @@ class DeviceFeed:
             for item in raw:
                 if side is not None:
                     with torch.cuda.stream(side):
-                        batch = self.prepare(item[2])
+                        batch = self.prepare(item.rows)
                         event = side.record_event()
                 else:
-                    batch, event = self.prepare(item[2]), None
-                if not hand.put([item, (batch, event)]):
+                    batch, event = self.prepare(item.rows), None
+                if not hand.put(Taken(item, (batch, event))):
                     break
             else:
                 hand.put(None)

@@ -10,21 +10,20 @@ finite pass has ``steps_per_pass`` steps on every rank, computed from the corpus
 before the first batch; each worker builds exactly its share of them, all full. Steps in
 ``skip_steps`` are built (their data consumed) and dropped here.
 
-Order and state. The loader keeps, per logical worker, the pipeline state sent along with
-the last batch *handed to the caller* (batches still prefetched in workers do not count). On
-resume, DataLoader worker ``k`` plays logical worker ``(k + i) % W`` so the first batch comes
-from the right one. The state itself, and the exact, elastic and statistical ways of resuming
-from it, are in ``checkpoint.py``.
+Order and state. The loader's ``Clock`` (``clock.py``) keeps, per logical worker, the
+pipeline state sent along with the last batch *handed to the caller* (batches still
+prefetched in workers do not count). On resume, DataLoader worker ``k`` plays logical worker
+``(k + i) % W`` so the first batch comes from the right one. Saving that state and the exact,
+elastic and statistical ways of resuming from it belong to the loader's ``Checkpointer``
+(``resume/checkpoint.py``).
 
 Head start. With worker processes, the first batch of an iteration is built in this process
 (``_head_start``: the logical worker's pipeline from its state, without read-ahead threads,
 closed before any fork; a restored window fetches its first batch's frames on threads joined
 before the read returns, ``ShardSource.fetch_now``), and the worker processes start from the
 state after it: the trainer's first step does not wait for processes to start, build their
-pipelines and fill their first windows, and the workers start while that step runs. With 2
-workers on the 50M-token corpus of ``tools/bench_peers.py`` (one process, 10 starts each):
-a first batch 0.037-0.054 -> 0.003-0.005 s, a resume halfway through a window 0.047-0.063 ->
-0.013-0.027 s; a whole pass's tokens/s unchanged (``tools/bench_against.py``, 0.994x).
+pipelines and fill their first windows, and the workers start while that step runs
+(docs/design.md gives the figures).
 """
 
 from __future__ import annotations
@@ -35,39 +34,52 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import collector
-from ..ledger import store as ledger
+from ..errors import ConfigError, PipelineInvariantError
+from ..ledger.attach import LedgerConfig, for_loader
 from ..pipeline.batch import RowBatch, check_fields, expand
-from ..resume.checkpoint import Checkpointing
-from .counters import Counters
-from ..pipeline.dataset import PackedTokenDataset, whole
-from .device import DeviceFeed, check_depth, default_device
-from ..errors import ConfigError
+from ..pipeline.dataset import BOUNDARIES, PackedTokenDataset, whole
 from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
+from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
-from .workers import _Job, per_message, process_batches
+from . import collector
+from .clock import Clock
+from .counters import Counters
+from .device import DeviceFeed, check_depth, default_device
+from .workers import WorkerBatch, _Job, per_message, process_batches
 
 
-class StreamingLoader(Checkpointing):
+class StreamingLoader:
     """Iterable of batches (dicts of tensors) on the job clock, with exact
     ``state_dict``/``load_state_dict``.
 
-    ``device`` (default: the rank's CUDA device, else the CPU) is where batches arrive;
-    ``device_prefetch`` batches (default 2 on CUDA, 0 elsewhere) are expanded, pinned and
-    copied ahead on a background thread (``device.DeviceFeed``).
+    Args:
+        dataset: the ``PackedTokenDataset`` whose pipelines build the batches.
+        batch_size: rows per batch, on every rank.
+        num_workers: DataLoader worker processes (0: the pipeline runs in this process).
+        prefetch_factor: messages each worker process may have in flight.
+        pin_memory: pin batches before the copy (default: on CUDA).
+        device: where batches arrive (default: the rank's CUDA device, else the CPU).
+        device_prefetch: batches expanded, pinned and copied ahead on a background thread
+            (default 2 on CUDA, 0 elsewhere; ``device.DeviceFeed``).
+        multiprocessing_context: the worker processes' start method (default: torch's).
+        skip_steps: ``[(start, end), ...]``, global steps whose batches are dropped (end
+            exclusive), e.g. to jump over a loss spike; it can be given when resuming.
+        ledger: keep a data-order ledger (``LedgerConfig``: where, its storage options, its
+            chunk size): the document pieces of every step, written in chunks and always
+            before ``state_dict()`` returns (``streamforge ledger check|diff|show``,
+            docs/ledger.md). ``ledger_dir=`` and ``ledger_options=`` are the older spelling
+            and keep working.
+        fields: the tensors a batch holds (default: all five of the batch contract,
+            docs/batch.md); the others are not computed.
+        boundary: where the document mask cuts a row, ``"document"`` or ``"stream"``
+            (default: the dataset's).
+        provenance: add ``segments``, each row's document pieces as (stream, shard, record,
+            token_start, length), to the batch (default: the dataset's).
 
-    ``skip_steps=[(start, end), ...]`` drops the batches of those global steps (end
-    exclusive), e.g. to jump over a loss spike; it can be given when resuming.
-
-    ``fields`` (default: all five of the batch contract, docs/batch.md) names the tensors a
-    batch holds; the others are not computed. It changes nothing but what is handed out: the
-    data order, the state and the job clock are the same with any fields.
-
-    ``ledger_dir`` (a local path or any fsspec URL; ``ledger_options``: its storage options)
-    keeps a data-order ledger: the document pieces of every step, written in chunks and
-    always before ``state_dict()`` returns (``streamforge ledger check|diff|show``,
-    docs/ledger.md).
+    ``fields``, ``boundary`` and ``provenance`` are the batch spec: they change how a batch is
+    expanded, never the data order, the state or the job clock, so a state resumes exactly
+    under any of them.
     """
 
     def __init__(
@@ -82,9 +94,12 @@ class StreamingLoader(Checkpointing):
         device_prefetch: int | None = None,
         multiprocessing_context: str | None = None,
         skip_steps: Any = None,
+        ledger: LedgerConfig | None = None,
         ledger_dir: str | None = None,
         ledger_options: dict[str, Any] | None = None,
         fields: Sequence[str] | None = None,
+        boundary: str | None = None,
+        provenance: bool | None = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = whole("batch_size", batch_size, 1)
@@ -96,23 +111,30 @@ class StreamingLoader(Checkpointing):
         self.device_prefetch = check_depth(device_prefetch, self.device)  # batches in flight (device.py)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
         self.fields = check_fields(fields)
+        self.boundary = dataset.config.boundary if boundary is None else boundary
+        if self.boundary not in BOUNDARIES:
+            raise ConfigError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
+        self.provenance = dataset.config.provenance if provenance is None else bool(provenance)
         self.skip_steps = SkipRanges(skip_steps)
         if dataset.evaluation and self.skip_steps:
             raise ConfigError("skip_steps does not apply to an evaluation loader: its pass holds every held-out token")
         self.resume_report: ResumeReport | None = None
-        self._config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
-        self._fingerprint = fingerprint(self._config)
+        # everything exactness depends on, and its digest (what a state must match to resume exactly)
+        self.config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
+        self.fingerprint = fingerprint(self.config)
+        self.clock = Clock(self.num_logical)
+        self.counters = Counters(dataset.stream_names, dataset.schedule)
         self._live = None  # the in-process pipeline while one is iterating
-        self._stats: dict[int, dict] = {}
-        self._skipped: dict[int, list] = {}
-        self._head: tuple = ()  # (stats, skipped) of the iteration's head start (_head_start)
-        self._counters = Counters(dataset.stream_names, dataset.schedule)
-        self._plan: PassPlan | None = None
-        # after a resume on another topology: what is left of the pass, {"work": ...} (elastic)
-        # or {"fractions": [...]} (statistical); None for a whole pass
-        self._remaining: dict[str, Any] | None = None
-        self._start_pass(0, 0)
-        self._ledger = None if ledger_dir is None else ledger.for_loader(self, ledger_dir, ledger_options)
+        self._stats: dict[int, dict] = {}  # storage counters, per logical worker
+        self._skipped: dict[int, list] = {}  # skipped damaged records, per logical worker
+        self._head: WorkerBatch | None = None  # the iteration's head start (_head_start), for its counters
+        if ledger is not None and (ledger_dir is not None or ledger_options is not None):
+            raise ConfigError("pass the ledger once: ledger=LedgerConfig(...) or ledger_dir=/ledger_options=, not both")
+        if ledger is None and ledger_dir is not None:
+            ledger = LedgerConfig(ledger_dir, ledger_options)
+        self.ledger = None if ledger is None else for_loader(self, ledger.url, ledger.storage_options,
+                                                               ledger.chunk_steps)
+        self.checkpointer = Checkpointer(self)
 
     @property
     def infinite(self) -> bool:
@@ -126,7 +148,7 @@ class StreamingLoader(Checkpointing):
     @property
     def step(self) -> int:
         """The global step of the next batch (the same on every rank)."""
-        return self._first_step + self._batch
+        return self.clock.step
 
     @property
     def steps_per_pass(self) -> int:
@@ -137,53 +159,74 @@ class StreamingLoader(Checkpointing):
 
     def plan(self) -> PassPlan:
         """The plan of the current pass (after a statistical resume: of what is left of it)."""
-        if self._plan is None or self._plan.pass_idx != self._pass:
+        clock = self.clock
+        if clock.plan is None or clock.plan.pass_idx != clock.pass_idx:
             with collector.paused():  # record ranges: a few objects per shard
-                self._plan = self.dataset.pass_plan(
-                    self._pass, workers_per_rank=self.num_logical, batch_size=self.batch_size,
-                    first_step=self._first_step if not self.infinite else 0,
+                clock.plan = self.dataset.pass_plan(
+                    clock.pass_idx, workers_per_rank=self.num_logical, batch_size=self.batch_size,
+                    first_step=clock.first_step if not self.infinite else 0,
                 )
-        return self._plan
+        return clock.plan
 
-    def _start_pass(self, pass_idx: int, first_step: int) -> None:
-        self._pass = pass_idx
-        self._first_step = first_step
-        self._batch = 0
-        self._pass_tokens = 0
-        self._worker_states: list[dict | None] = [None] * self.num_logical
-        self._remaining = None
-        self._plan = None
-
-    def _next_pass(self) -> tuple[int, int, int]:
+    def next_pass(self) -> tuple[int, int, int]:
         """``(pass, first step, tokens dropped)`` once this pass ends: the next pass and its
         first step, and this rank's tokens of this pass that no full step holds."""
         plan = self.plan()
-        dropped = max(0, plan.rank_tokens(self.dataset.rank) - self._pass_tokens)
-        return self._pass + 1, self._first_step + plan.steps, dropped
+        dropped = max(0, plan.rank_tokens(self.dataset.rank) - self.clock.pass_tokens)
+        return self.clock.pass_idx + 1, self.clock.first_step + plan.steps, dropped
 
     def _end_pass(self) -> None:
-        pass_idx, first_step, dropped = self._next_pass()
-        self._counters.dropped_tokens += dropped
-        self._start_pass(pass_idx, first_step)
+        pass_idx, first_step, dropped = self.next_pass()
+        self.counters.add_dropped(dropped)
+        self.clock.start(pass_idx, first_step)
 
-    def _pass_over(self) -> bool:
+    def pass_over(self) -> bool:
         """All of the pass's steps were handed out (an empty pass is over once iterated)."""
-        return not self.infinite and 0 < self._batch and self._batch >= self.plan().steps
+        return not self.infinite and 0 < self.clock.batch and self.clock.batch >= self.plan().steps
 
-    def _warn_empty_pass(self) -> None:
-        cfg, plan = self.dataset.config, self.plan()
-        warnings.warn(
-            f"streamforge: pass {self._pass} has 0 steps, so this iteration yields no batch: rank "
-            f"{self.dataset.rank}'s share of the pass, {plan.rank_tokens(self.dataset.rank):,} tokens over "
-            f"{self.num_logical} worker(s), cannot fill one full batch of {self.batch_size} row(s) x seq_len "
-            f"{cfg.seq_len} on every worker of the {self.dataset.world_size} rank(s); use a smaller batch_size "
-            "or seq_len, fewer ranks or workers, or infinite=True",
-            stacklevel=3,
-        )
-
-    def _quotas(self) -> list[int]:
+    def quotas(self) -> list[int]:
+        """The batches each logical worker builds in this pass."""
         plan = self.plan()
         return [plan.batches_of(w) for w in range(self.num_logical)]
+
+    def work_plan(self) -> PassPlan | None:
+        """The plan workers must follow to read their ranges: an evaluation pass's, or the
+        rest of a pass after an elastic resume; None when the planner's own ranges apply."""
+        if self.evaluation:
+            return self.plan()
+        rest = self.clock.rest
+        if rest is not None and rest.elastic and not self.infinite:
+            return self.plan()
+        return None
+
+    # -- state (resume/checkpoint.py) ----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The job's state after the last batch handed out (``resume/state.py``): the same dict
+        on every rank under torch.distributed (the ranks' cursors are all-gathered here, at
+        checkpoint time only, so every rank must call it); without a process group, it holds
+        this rank's part only (``merge_states`` joins the ranks'). Calling it changes nothing."""
+        return self.checkpointer.save()
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = False, mode: str | None = None) -> None:
+        """Continue from ``state`` (``resume_report`` says how and why):
+
+        * ``exact`` when the job matches: the next batches are the uninterrupted run's;
+        * ``elastic`` when only the world size, workers per rank or batch size changed: the
+          rest of the pass is re-planned over this topology, every token not yet delivered
+          exactly once (``resume/elastic.py``);
+        * ``statistical`` otherwise (or with ``mode="statistical"``): each stream continues
+          at the same fraction of its pass, with bounds on what may repeat or be skipped.
+
+        ``strict=True`` raises ``ResumeMismatchError`` unless the resume is exact. A state
+        that is refused leaves the loader as it was."""
+        self.checkpointer.load(state, strict=strict, mode=mode)
+
+    def resume_from_counters(self, tokens_seen: Any, *, step: int | None = None) -> None:
+        """Continue a job whose only record is the tokens it saw per stream (e.g. from its
+        logs): each stream starts that far into its passes, statistically, the counters carry
+        those totals, and the windows are reshuffled. ``step`` defaults to the tokens seen over
+        the tokens one step delivers. Streams left out count as unseen."""
+        self.checkpointer.resume_from_counters(tokens_seen, step=step)
 
     # -- stats -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -191,12 +234,13 @@ class StreamingLoader(Checkpointing):
         the batches handed out, skipped and dropped counts, and storage counters (summed
         over this rank's workers, as of the last batch handed out)."""
         self._collect_live_stats()
-        out = self._counters.report(self.step)
-        out.update({"pass": self._pass, "batch": self._batch, "skip_steps": self.skip_steps.to_list()})
+        out = self.counters.report(self.step)
+        out.update({"pass": self.clock.pass_idx, "batch": self.clock.batch, "skip_steps": self.skip_steps.to_list()})
         if not self.infinite:
             out["steps_per_pass"] = self.steps_per_pass
         storage: dict[str, Any] = {}
-        for worker_stats in [*self._stats.values(), *self._head[:1]]:
+        head = [self._head.stats] if self._head is not None else []
+        for worker_stats in [*self._stats.values(), *head]:
             _accumulate(storage, worker_stats)
         _ratios(storage)
         for name in self.dataset.stream_names:
@@ -205,100 +249,114 @@ class StreamingLoader(Checkpointing):
         return out
 
     def skipped(self) -> list[dict[str, Any]]:
+        """The damaged records skipped so far (``on_error="skip"``), as of the last batch handed out."""
         self._collect_live_stats()
-        return [item for items in [*self._skipped.values(), *self._head[1:]] for item in items]
+        head = [self._head.skipped] if self._head is not None else []
+        return [item for items in [*self._skipped.values(), *head] for item in items]
 
     # -- iteration -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        clock = self.clock
         if self.evaluation:  # every iteration is the same pass, from the top
-            plan = self._plan
-            self._start_pass(0, 0)
-            self._plan = plan
-            self._counters = Counters(self.dataset.stream_names, self.dataset.schedule)
+            plan = clock.plan
+            clock.start(0, 0)
+            clock.plan = plan
+            self.counters = Counters(self.dataset.stream_names, self.dataset.schedule)
             self._stats.clear()
-            self._head = ()
-        elif self._pass_over():
+            self._head = None
+        elif self.pass_over():
             self._end_pass()
-        if not self.infinite and not self.evaluation and self._batch == 0 and self.plan().steps == 0:
+        if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
             self._warn_empty_pass()
         items = self._in_process() if self.num_workers == 0 else self._from_workers()
         skips = self.skip_steps if self.skip_steps else None
         feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
-        counters, take = self._counters, feed.open(self._tallied(items))
+        counters, take = self.counters, feed.open(self._tallied(items))
         try:
             for got in _taken(take, pause=self.num_workers == 0):
-                logical, step, rows, state, stats, skipped, tally = got[0]
-                if step != self._first_step + self._batch:
-                    raise RuntimeError(f"worker {logical} built step {step}, the loader expected {self.step}")
-                dropped = skips is not None and step in skips
-                if self._ledger is not None:  # a step it holds past the state is voided on resume
-                    self._ledger.add(step, self._pass, rows, skipped=dropped)
+                item = got.item
+                if item.step != clock.step:
+                    raise PipelineInvariantError(f"worker {item.logical} built step {item.step}, the loader expected {self.step}")
+                dropped = skips is not None and item.step in skips
+                if self.ledger is not None:  # a step it holds past the state is voided on resume
+                    self.ledger.add(item.step, clock.pass_idx, item.rows, skipped=dropped)
                 # Everything that can take time or fail comes first: an exception raised here (a
                 # KeyboardInterrupt inside next(), say) leaves the state at the batches handed out.
                 batch = None if dropped else feed.hand_out(got)
-                # The commit: the counters' one call (which changes nothing until its last
-                # line), then plain stores and the yield, where CPython runs no signal handler.
-                if dropped:
-                    counters.skip(tally[0])
-                else:
-                    counters.add(tally, step)
-                self._worker_states[logical] = state
-                if stats is not None:  # workers send their counters with every message
-                    self._stats[logical] = stats
-                    self._skipped[logical] = skipped
-                self._batch += 1
-                self._pass_tokens += tally[0]
+                totals = counters.after_skip(item.tally) if dropped else counters.after(item.tally, item.step)
+                # The commit: plain stores and the yield, where CPython runs no signal handler.
+                counters.totals = totals
+                clock.worker_states[item.logical] = item.state
+                if item.stats is not None:  # workers send their counters with every message
+                    self._stats[item.logical] = item.stats
+                    self._skipped[item.logical] = item.skipped
+                clock.batch += 1
+                clock.pass_tokens += item.tally.num_tokens
                 if batch is not None:
                     yield batch
         finally:
             feed.close()
         if not self.infinite and not self.evaluation:
             self._end_pass()
-        if self._ledger is not None:
-            self._ledger.flush()
+        if self.ledger is not None:
+            self.ledger.flush()
 
-    def _tallied(self, items):
-        """The raw items with each batch's counts appended; computed where the items are
+    def _warn_empty_pass(self) -> None:
+        cfg, plan = self.dataset.config, self.plan()
+        warnings.warn(
+            f"streamforge: pass {self.clock.pass_idx} has 0 steps, so this iteration yields no batch: rank "
+            f"{self.dataset.rank}'s share of the pass, {plan.rank_tokens(self.dataset.rank):,} tokens over "
+            f"{self.num_logical} worker(s), cannot fill one full batch of {self.batch_size} row(s) x seq_len "
+            f"{cfg.seq_len} on every worker of the {self.dataset.world_size} rank(s); use a smaller batch_size "
+            "or seq_len, fewer ranks or workers, or infinite=True",
+            stacklevel=3,
+        )
+
+    def _tallied(self, items: Iterator[WorkerBatch]) -> Iterator[WorkerBatch]:
+        """The worker batches with each one's counts set; computed where the items are
         produced (the feed's thread when prefetching), so the training thread only adds."""
-        tally = self._counters.tally
+        tally = self.counters.tally
         try:
             for item in items:
-                yield (*item, tally(item[2]))
+                item.tally = tally(item.rows)
+                yield item
         finally:
             items.close()
 
-    def _job(self, states, batch: int | None = None, dataset: PackedTokenDataset | None = None):
+    def job(self, states: list[dict | None], batch: int | None = None,
+            dataset: PackedTokenDataset | None = None) -> _Job:
         """What a worker needs to build its share from ``states``, the next batch being the
         pass's ``batch`` (default: the next one handed out)."""
         plan = None if self.infinite else self.plan()
         cfg = self.dataset.config
-        batch = self._batch if batch is None else batch
+        batch = self.clock.batch if batch is None else batch
         return _Job(
-            dataset or self.dataset, self.num_logical, self._pass, 0 if plan is None else plan.first_step,
-            None if plan is None else self._quotas(), states, batch % self.num_logical, self.batch_size,
-            self._work_plan(), per_message(self.batch_size, cfg.seq_len, self.dataset.token_dtype.itemsize),
+            dataset=dataset or self.dataset, num_logical=self.num_logical, pass_idx=self.clock.pass_idx,
+            first_step=0 if plan is None else plan.first_step, quotas=None if plan is None else self.quotas(),
+            states=states, rotation=batch % self.num_logical, batch_size=self.batch_size, plan=self.work_plan(),
+            per_message=per_message(self.batch_size, cfg.seq_len, self.dataset.token_dtype.itemsize),
         )
 
     def _steps_left(self) -> int | None:
-        return None if self.infinite else self.plan().steps - self._batch
+        return None if self.infinite else self.plan().steps - self.clock.batch
 
-    def _in_process(self):
+    def _in_process(self) -> Iterator[WorkerBatch]:
         """Batches built in this process. Counters are read from the live pipeline when asked
         for (``_collect_live_stats``); the state is taken after every batch (under a
         microsecond), so a failure inside a batch never leaks into it."""
         left = self._steps_left()
         if left == 0:
             return
-        pipeline = self._job(self._worker_states).pipeline(0)
+        pipeline = self.job(self.clock.worker_states).pipeline(0)
         try:
             self._live = pipeline
             while left is None or left > 0:
                 step = pipeline.step
                 rows = pipeline.next_batch(self.batch_size)
                 if rows is None:
-                    raise RuntimeError(f"the pipeline ended at step {step}, before its share of the pass")
+                    raise PipelineInvariantError(f"the pipeline ended at step {step}, before its share of the pass")
                 left = None if left is None else left - 1
-                yield 0, step, rows, pipeline.state_dict(), None, None
+                yield WorkerBatch(0, step, rows, pipeline.state_dict())
         finally:
             self._collect_live_stats()
             self._live = None
@@ -310,44 +368,43 @@ class StreamingLoader(Checkpointing):
             self._stats[0] = pipeline.stats()
             self._skipped[0] = pipeline.skipped()
 
-    def _from_workers(self):
+    def _from_workers(self) -> Iterator[WorkerBatch]:
         left = self._steps_left()
         if left == 0:
             return
         # read here, not from the loader as the items are handed out: with a device feed this
         # generator runs ahead of the training thread, which commits each item's state
-        states, batch = list(self._worker_states), self._batch
-        self._head = ()
+        states, batch = list(self.clock.worker_states), self.clock.batch
+        self._head = None
         item = self._head_start(states, batch)
         yield item
-        states[item[0]] = item[3]
+        states[item.logical] = item.state
         left = None if left is None else left - 1
         if left == 0:
             return
-        job = self._job(states, batch + 1)
+        job = self.job(states, batch + 1)
         yield from process_batches(job, self.num_workers, left, self.prefetch_factor, self.multiprocessing_context)
 
-    def _head_start(self, states, batch: int) -> tuple:
+    def _head_start(self, states: list[dict | None], batch: int) -> WorkerBatch:
         """The iteration's first batch, built in this process by its logical worker's pipeline
         (restored from its state) while no worker process runs yet. The pipeline reads without
         read-ahead, so no thread of it is alive when the workers are forked; its storage
         counters are kept apart (``_head``) and added to the workers' in ``stats()``."""
         dataset = self.dataset.with_storage(dataclasses.replace(self.dataset.storage, prefetch_bytes=0))
         logical = batch % self.num_logical
-        pipeline = self._job(states, batch, dataset).pipeline(logical)
+        pipeline = self.job(states, batch, dataset).pipeline(logical)
         try:
             step = pipeline.step
             rows = pipeline.next_batch(self.batch_size)
             if rows is None:
-                raise RuntimeError(f"worker {logical} ended before its share of pass {self._pass}")
-            self._head = (pipeline.stats(), pipeline.skipped())
-            return logical, step, rows, pipeline.state_dict(), None, None
+                raise PipelineInvariantError(f"worker {logical} ended before its share of pass {self.clock.pass_idx}")
+            self._head = WorkerBatch(logical, step, None, None, pipeline.stats(), pipeline.skipped())
+            return WorkerBatch(logical, step, rows, pipeline.state_dict())
         finally:
             pipeline.close()
 
     def _finish(self, rows: RowBatch) -> dict[str, torch.Tensor]:
-        cfg = self.dataset.config
-        batch = expand(rows, boundary=cfg.boundary, provenance=cfg.provenance, fields=self.fields)
+        batch = expand(rows, boundary=self.boundary, provenance=self.provenance, fields=self.fields)
         if self.pin_memory:
             batch = {k: v.pin_memory() for k, v in batch.items()}
         if self.device.type != "cpu":

@@ -1,9 +1,8 @@
 """A rank's logical workers in DataLoader worker processes.
 
 ``_Job`` is what a logical worker needs to build its share of the pass; ``process_batches``
-runs the W logical workers in torch DataLoader processes and yields ``(logical, step, rows,
-state, stats, skipped)`` in the clock's order (batch ``i`` of the pass from logical worker
-``i % W``).
+runs the W logical workers in torch DataLoader processes and yields their ``WorkerBatch``es
+in the clock's order (batch ``i`` of the pass from logical worker ``i % W``).
 
 Batches travel several to a message (1, 2, 4... up to ``_Job.per_message``), so the cost of
 one trip through torch's worker queue (pickling, a pipe, the queue's feeder thread) is shared
@@ -49,8 +48,29 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..errors import PipelineInvariantError
 from ..pipeline.batch import RowBatch
 from ..pipeline.dataset import PackedTokenDataset
+
+
+@dataclass(slots=True)
+class WorkerBatch:
+    """One batch a logical worker built, with what the loader keeps of it.
+
+    ``state`` is the worker's pipeline state right after this batch (what a resume restores
+    it from); ``stats`` and ``skipped`` its storage counters and skipped records where the
+    worker sent them (with the first batch of each message from a worker process); ``tally``
+    the batch's counts, added by the loader where it prepares the batch. ``end`` marks a
+    worker whose share is done (no ``rows``)."""
+
+    logical: int
+    step: int | None
+    rows: RowBatch | None
+    state: dict | None
+    stats: dict | None = None
+    skipped: list | None = None
+    tally: Any = None
+    end: bool = False
 
 
 @dataclass
@@ -142,7 +162,7 @@ class _WorkerBatches(IterableDataset):
         pipeline = job.pipeline(logical)
         ring = _Ring(info.id, self.ring_slots, job.slot_bytes())
         rows_shape = (job.batch_size, job.dataset.config.seq_len + 1)
-        message: list[tuple] = []
+        message: list[WorkerBatch] = []
         size = 1  # the first message holds one batch, the next ones twice as many, up to per_message
         try:
             while True:
@@ -151,7 +171,7 @@ class _WorkerBatches(IterableDataset):
                 rows = pipeline.next_batch(job.batch_size, out)
                 if rows is None:
                     break
-                message.append(("batch", logical, step, rows, pipeline.state_dict(), None, None))
+                message.append(WorkerBatch(logical, step, rows, pipeline.state_dict()))
                 if len(message) == size:
                     yield ring.ship(_with_stats(message, pipeline))
                     message, size = [], min(2 * size, job.per_message)
@@ -160,11 +180,11 @@ class _WorkerBatches(IterableDataset):
         finally:
             pipeline.close()
         while True:  # keep torch's round-robin fixed: answer, never stop
-            yield [("end", logical, None, None, None, None, None)]
+            yield [WorkerBatch(logical, None, None, None, end=True)]
 
 
-def _with_stats(message: list[tuple], pipeline) -> list[tuple]:
-    message[0] = message[0][:5] + (pipeline.stats(), pipeline.skipped())
+def _with_stats(message: list[WorkerBatch], pipeline) -> list[WorkerBatch]:
+    message[0].stats, message[0].skipped = pipeline.stats(), pipeline.skipped()
     return message
 
 
@@ -227,14 +247,14 @@ class _Ring:
             time.sleep(0.0002)
         return True
 
-    def ship(self, message: list[tuple]):
+    def ship(self, message: list[WorkerBatch]):
         """``message`` as it goes on the queue: ``("ring", worker, seq, shared or None, used,
         items, layout)``, the batches' arrays written to the slot field by field (each field
         of all the message's batches end to end: one copy a field, not one an array) and
         each item's batch replaced by None; ``layout`` says where each field lies in the slot
         and each batch's length in it. ``("whole", items)`` when the message does not fit, or
         its batches do not share each field's dtype and row shape."""
-        fields = [[getattr(item[3], name) for item in message] for name in _FIELDS]
+        fields = [[getattr(item.rows, name) for item in message] for name in _FIELDS]
         sizes = [sum(a.nbytes for a in arrays) for arrays in fields]
         self.messages += 1
         if self.messages == 1 or sum(sizes) + _ALIGN * len(sizes) > self.slot_bytes or not self._free_slot():
@@ -258,18 +278,17 @@ class _Ring:
         shared = None if self.announced else self.shared
         self.announced = True
         self.sent += 1
-        items = [item[:3] + (None,) + item[4:] for item in message]
+        items = [dataclasses.replace(item, rows=None) for item in message]
         return ("ring", self.worker, self.sent - 1, shared, at, items, layout)
 
-    def _detached(self, message: list[tuple]) -> list[tuple]:
+    def _detached(self, message: list[WorkerBatch]) -> list[WorkerBatch]:
         """``message`` to travel whole: tokens built in the slot are copied out, as the slot is
         written again before the queue's thread pickles the message."""
         if self.packing:
             self.packing = False
-            for i, item in enumerate(message):
-                rows = item[3]
-                if np.shares_memory(rows.tokens, self.memory):
-                    message[i] = item[:3] + (dataclasses.replace(rows, tokens=rows.tokens.copy()),) + item[4:]
+            for item in message:
+                if np.shares_memory(item.rows.tokens, self.memory):
+                    item.rows = dataclasses.replace(item.rows, tokens=item.rows.tokens.copy())
         return message
 
 
@@ -310,7 +329,7 @@ class _Rings:
     def __init__(self) -> None:
         self.memory: dict[int, np.ndarray] = {}
 
-    def receive(self, message) -> tuple[list[tuple], Callable[[], None] | None]:
+    def receive(self, message) -> tuple[list[WorkerBatch], Callable[[], None] | None]:
         if isinstance(message, list):  # end markers
             return message, None
         if message[0] == "whole":
@@ -335,7 +354,9 @@ class _Rings:
         def release() -> None:
             header[0] = seq + 1  # the slot may be written again
 
-        return [item[:3] + (RowBatch(*arrays),) + item[4:] for item, arrays in zip(items, zip(*columns))], release
+        for item, arrays in zip(items, zip(*columns)):
+            item.rows = RowBatch(*arrays)
+        return items, release
 
 
 def per_message(batch_size: int, seq_len: int, itemsize: int, message_bytes: int = 1 << 20) -> int:
@@ -359,7 +380,8 @@ class _Received:
             self.release()
 
 
-def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_factor: int, context) -> Iterator[tuple]:
+def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_factor: int,
+                    context) -> Iterator[WorkerBatch]:
     """``left`` batches (None: no end) from ``num_workers`` DataLoader worker processes."""
     loader = DataLoader(
         _WorkerBatches(job, ring_slots=prefetch_factor + 1), batch_size=None, num_workers=num_workers, collate_fn=_identity,
@@ -383,13 +405,13 @@ def process_batches(job: _Job, num_workers: int, left: int | None, prefetch_fact
                 items, release = rings.receive(take())
                 message = _Received(release, len(items))
                 for item in items:
-                    pending[item[1]].append((item, message))
-            (kind, logical, step, rows, state, stats, skipped), message = waiting.popleft()
-            if kind == "end":
-                raise RuntimeError(f"worker {logical} ended before its share of pass {job.pass_idx}")
+                    pending[item.logical].append((item, message))
+            item, message = waiting.popleft()
+            if item.end:
+                raise PipelineInvariantError(f"worker {item.logical} ended before its share of pass {job.pass_idx}")
             left = None if left is None else left - 1
             expected = (expected + 1) % job.num_logical
-            yield logical, step, rows, state, stats, skipped
+            yield item
             # the caller asks for the next batch once it has expanded this one (or dropped it)
             message.handed_on()
     except BaseException:

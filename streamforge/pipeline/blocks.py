@@ -32,7 +32,7 @@ from torch.utils.data import get_worker_info
 
 from .batch import expand
 from ..errors import ResumeMismatchError
-from ..resume.state import config_differences, content_digest, fingerprint
+from ..resume.state import config_differences, config_fingerprint, content_digest, fingerprint
 
 BLOCK_STATE_VERSION = 2  # 2: with a digest of the rest; 1 (without) is still read, its values checked
 BLOCK_STATE_KEYS = ("version", "fingerprint", "config", "rank", "worker", "num_workers", "done", "pipeline")
@@ -179,7 +179,7 @@ class BlockIterator(Iterator[dict[str, torch.Tensor]]):
         out = config_differences(state["config"], self.config) if isinstance(state["config"], dict) else [
             f"config: saved {state['config']!r}, now a dict"
         ]
-        if not out and state["fingerprint"] != self.fingerprint:
+        if not out and config_fingerprint(state["config"]) != self.fingerprint:
             out.append(f"fingerprint: saved {state['fingerprint']!r}, now {self.fingerprint!r}")
         for key, now in (("rank", self.dataset.rank), ("num_workers", self.num_workers), ("worker", self.worker)):
             if state[key] != now:

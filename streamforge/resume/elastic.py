@@ -33,6 +33,8 @@ import numpy as np
 from ..pipeline.dataset import WorkerPipeline
 from ..planning.plan import PassPlan, Range, steps_for, worker_rows
 from ..planning.planner import worker_work
+from .probes import buffer_work_left
+from .state import order_config
 
 # {"pass": p, "streams": [{"ranges": [[s, a, b], ...],
 #                          "windows": [{"ranges", "key", "pos", "offset", "tokens", "docs"}, ...]}, ...]}
@@ -53,12 +55,12 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
             buffers = _probe_buffers(dataset, pass_idx, saved_g, g, assigned, int(state["generation"]))
             if worker_state is None:  # nothing handed out: all of its work is left
                 for i, buffer in enumerate(buffers):
-                    streams[i]["ranges"] += [list(r) for r in buffer.reader.ranges_for(pass_idx)]
+                    streams[i]["ranges"] += [list(r) for r in buffer.source.ranges_for(pass_idx)]
                     streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
                 continue
 
             for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
-                p, ranges, units = buffer.work_left(stream_state)
+                p, ranges, units = buffer_work_left(buffer, stream_state)
                 if p != pass_idx:  # a finite reader never leaves its pass
                     continue
                 streams[i]["ranges"] += [list(r) for r in ranges]
@@ -195,7 +197,7 @@ def elastic_blockers(dataset, state: dict[str, Any], differences: Sequence[str])
     """Why the saved state cannot resume elastically here (empty: it can)."""
     why = []
     changeable = {"world_size", "workers_per_rank", "batch_size"}
-    saved, now = state["config"], dataset.describe()
+    saved, now = order_config(state["config"]), dataset.describe()
     for key in sorted(set(saved) | set(now)):
         if key in changeable:
             continue

@@ -243,11 +243,28 @@ def merge_states(states: Sequence[Any]) -> dict[str, Any]:
 # A config leaves such a field out while it has that value (``saved_config``), so states saved
 # before the field existed keep their fingerprints.
 ABSENT_MEANS = {"shuffle_warmup": 0}
+# Fields that states once saved but that never change the data order, only how a batch is
+# expanded (now the loader's batch spec): configs leave them out, and a saved config's are
+# ignored, so states saved with them still resume exactly.
+NOT_ORDER = ("boundary", "provenance")
 
 
 def saved_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` as states save it: fields at their ``ABSENT_MEANS`` value left out."""
-    return {k: v for k, v in config.items() if k not in ABSENT_MEANS or v != ABSENT_MEANS[k]}
+    """``config`` as states save it: fields at their ``ABSENT_MEANS`` value and ``NOT_ORDER``
+    fields left out."""
+    return {k: v for k, v in config.items()
+            if k not in NOT_ORDER and (k not in ABSENT_MEANS or v != ABSENT_MEANS[k])}
+
+
+def order_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A saved config without the fields that never change the order (``NOT_ORDER``)."""
+    return {k: v for k, v in config.items() if k not in NOT_ORDER}
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """The fingerprint of a saved config, as this streamforge computes it (``NOT_ORDER`` fields
+    left out): what a loader's own fingerprint is compared with."""
+    return fingerprint(order_config(config))
 
 
 def config_value(config: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -258,7 +275,7 @@ def config_value(config: dict[str, Any], key: str, default: Any = None) -> Any:
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Human-readable differences between two loader configs, one line per field."""
     out = []
-    for key in sorted(set(saved) | set(current)):
+    for key in sorted((set(saved) | set(current)) - set(NOT_ORDER)):
         a, b = config_value(saved, key), config_value(current, key)
         if key == "streams" and isinstance(a, list) and isinstance(b, list):
             out.extend(_stream_differences(a, b))

@@ -2,9 +2,9 @@
 
 When the topology or the corpus changed, saved cursors point into a plan that no longer
 exists. We measure, from the saved workers' states of every rank the global state holds (read
-through each stage's own ``position``/``*_states`` helpers, never by hand), how far each
-stream's pass had gone (records handed on / records assigned, on the saved plan), and start every
-new worker that same fraction into its ranges of the new plan for the same pass
+through ``WorkerPipeline.stream_states`` and ``probes.buffer_position``, never by hand), how
+far each stream's pass had gone (records handed on / records assigned, on the saved plan), and
+start every new worker that same fraction into its ranges of the new plan for the same pass
 (``WorkerPipeline.seek``). The report lists what that approximates.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 from ..pipeline.dataset import WorkerPipeline
 from ..planning.plan import records_at, trim_ranges
-from ..stages.read import ShardReader
-from ..stages.shuffle import ShuffleBuffer, window_size
+from ..stages.window_order import window_size
+from .probes import buffer_position, reader_position
 from .state import config_value
 
 
@@ -53,7 +53,7 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
             if worker_state is None:
                 rows.append((pass_idx, 0, total_of(pass_idx)))
                 continue
-            p, done = ShuffleBuffer.position(WorkerPipeline.stream_states(worker_state)[j], ranges_for)
+            p, done = buffer_position(WorkerPipeline.stream_states(worker_state)[j], ranges_for)
             total = total_of(p)
             rows.append((p, min(done, total), total))
         stream_pass = min(r[0] for r in rows)
@@ -133,7 +133,7 @@ def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: i
             if int(buffer["reader"]["pass"]) != pass_idx:
                 certain += ranges  # that worker's stream had finished this pass
                 continue
-            before = ShardReader.position(buffer["reader"], ranges)
+            before = reader_position(buffer["reader"], ranges)
             certain += _prefix(ranges, before)
             if buffer["loaded"]:
                 maybe += _prefix(trim_ranges(ranges, before), window_size(size, warmup, int(buffer["window"])))

@@ -86,6 +86,11 @@ class ShardSource:
         fetcher = ByteFetcher(url, storage_options, config.retry, config.hedge, config.client)
         return cls(manifest, fetcher, config=config)
 
+    @property
+    def on_error(self) -> str:
+        """What a damaged record does: ``"raise"`` or ``"skip"`` (``StorageConfig.on_error``)."""
+        return self.config.on_error
+
     def close(self) -> None:
         self._readahead.close()
 

@@ -23,10 +23,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ResumeMismatchError
+from ..errors import ConfigError, ResumeMismatchError
 from ..planning.schedule import MixtureSchedule
 from .base import check_state
-from .shuffle import DocRun, ShuffleBuffer
+from .runs import DocRun
+from .shuffle import ShuffleBuffer
 
 _KEYS = ("emitted", "current", "phase", "sources")
 _LOOKAHEAD = 64  # documents after its current one a stream shows a schedule (a longer run is just split)
@@ -34,15 +35,30 @@ _STRETCH = 1 << 62  # budget of a stretch of the schedule: every document the st
 _NONE = np.zeros(0, np.int64)
 _RUN_FIELDS = ("shard", "record", "token_start", "length")  # a DocRun's per-document fields
 _ZERO = np.zeros(1, np.int64)
+_WHOLE = 1 << 62  # a token budget no document reaches
 
 
 class Interleaver:
+    """Several streams' documents mixed by token share: the third stage of a worker's
+    pipeline. Implements the stage contract (``stages.base.Stage``): ``next()`` is the rest
+    of the next document as ``(stream, DocRun)``; the packer pulls runs of a token budget
+    with ``take_run`` and whole documents with ``take``.
+
+    Args:
+        sources: one ``ShuffleBuffer`` per stream (their states are saved under
+            ``"sources"``).
+        schedule: a ``MixtureSchedule``, or one weight per stream for a single phase.
+
+    Raises:
+        ConfigError: the schedule does not have one weight per source, or there is no source.
+    """
+
     def __init__(self, sources: Sequence[ShuffleBuffer], schedule: MixtureSchedule | Sequence[float]) -> None:
         if not isinstance(schedule, MixtureSchedule):
             names = [getattr(s, "stream_key", str(i)) for i, s in enumerate(sources)]
             schedule = MixtureSchedule.build(names, list(schedule))
         if len(sources) != len(schedule.names) or not sources:
-            raise ValueError("Interleaver needs one weight per source")
+            raise ConfigError("Interleaver needs one weight per source")
         self.sources = list(sources)
         self.schedule = schedule
         self.exhausted = [False] * len(sources)
@@ -332,6 +348,25 @@ class Interleaver:
         if stream < 0:
             return None
         return self.sources[stream].peek_token()
+
+    # -- stage contract --------------------------------------------------------------------
+    def __iter__(self) -> Interleaver:
+        return self
+
+    def __next__(self) -> tuple[int, DocRun]:
+        """The next document, or the rest of the one in progress: ``(stream, DocRun)``."""
+        got = self.take(_WHOLE)
+        if got is None:
+            raise StopIteration
+        stream, tokens, shard, record, token_start, done = got
+        fields = np.array([[shard, record, token_start, len(tokens)]], np.int64).T
+        shard, record, token_start, length = fields
+        return stream, DocRun(parts=[tokens], size=len(tokens), shard=shard, record=record,
+                              token_start=token_start, length=length, done=done)
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()
 
     @staticmethod
     def source_states(state: dict[str, Any]) -> list[dict[str, Any]]:

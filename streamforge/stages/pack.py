@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..pipeline.batch import RowBatch, padding_rows
-from ..errors import ResumeMismatchError
+from ..errors import ConfigError, ResumeMismatchError
 from .base import check_state
 from .interleave import Interleaver
 
@@ -98,9 +98,26 @@ def _join_runs(runs) -> dict[str, np.ndarray]:
 
 
 class Packer:
+    """Documents in, fixed-length rows out: the last stage of a worker's pipeline. Implements
+    the stage contract (``stages.base.Stage``): ``next()`` is the next row as a one-row
+    ``RowBatch``; the pipeline pulls whole batches with ``next_rows``.
+
+    Args:
+        source: the ``Interleaver`` the documents come from (its state is saved under
+            ``"source"``).
+        seq_len: tokens in a row (each row also carries one look-ahead token).
+        mode: ``"concat"``, ``"bestfit"`` or ``"pad"`` (see the module docstring).
+        pad_id: the token that fills the rest of a row.
+        dtype: the token dtype of the rows.
+        bestfit_window: documents packed together in ``"bestfit"`` mode.
+
+    Raises:
+        ConfigError: ``mode`` is not one of ``MODES``.
+    """
+
     def __init__(
         self,
-        interleaver: Interleaver,
+        source: Interleaver,
         *,
         seq_len: int,
         mode: str = "concat",
@@ -109,8 +126,8 @@ class Packer:
         bestfit_window: int = 512,
     ) -> None:
         if mode not in MODES:
-            raise ValueError(f"packing must be one of {MODES}, got {mode!r}")
-        self.interleaver = interleaver
+            raise ConfigError(f"packing must be one of {MODES}, got {mode!r}")
+        self.source = source
         self.seq_len = seq_len
         self.mode = mode
         self.pad_id = pad_id
@@ -149,7 +166,7 @@ class Packer:
         runs = []
         filled = 0
         while filled < need:
-            got = self.interleaver.take_run(need - filled)
+            got = self.source.take_run(need - filled)
             if got is None:
                 break
             stream, run = got
@@ -177,7 +194,7 @@ class Packer:
             tokens[:nxt, T] = grid[T : (nxt + 1) * T : T]
             lookahead[:nxt] = True
         if filled == need:
-            peek = self.interleaver.peek_token()
+            peek = self.source.peek_token()
             if peek is not None:
                 tokens[rows - 1, T] = peek
                 lookahead[rows - 1] = True
@@ -186,12 +203,12 @@ class Packer:
     # -- pad -------------------------------------------------------------------------------
     def _take_doc(self):
         """One whole document: (stream, tokens, shard, record) or None."""
-        got = self.interleaver.take(_BIG)
+        got = self.source.take(_BIG)
         if got is None:
             return None
         stream, tokens, shard, record, token_start, done = got
         if token_start != 0 or not done:
-            raise ValueError("packer: a document was left half-consumed by another packing mode")
+            raise ConfigError("packer: a document was left half-consumed by another packing mode")
         return stream, tokens, shard, record
 
     def _fill_pad(self, out: _Rows) -> bool:
@@ -227,7 +244,7 @@ class Packer:
         return True
 
     def _build_window(self) -> bool:
-        self._window_start = self.interleaver.state_dict()
+        self._window_start = self.source.state_dict()
         self._rows_emitted = 0
         T = self.seq_len
         rows: list = []
@@ -262,10 +279,23 @@ class Packer:
         self._window_rows = rows
         return bool(rows)
 
-    # -- state -----------------------------------------------------------------------------
+    # -- stage contract --------------------------------------------------------------------
+    def __iter__(self) -> Packer:
+        return self
+
+    def __next__(self) -> RowBatch:
+        """The next row (``next_rows(1)``)."""
+        rows = self.next_rows(1)
+        if rows is None:
+            raise StopIteration
+        return rows
+
+    def close(self) -> None:
+        self.source.close()
+
     def state_dict(self) -> dict[str, Any]:
         if self.mode != "bestfit" or self._window_rows is None or self._rows_emitted == len(self._window_rows):
-            return {"source": self.interleaver.state_dict(), "window": None, "rows_emitted": 0}
+            return {"source": self.source.state_dict(), "window": None, "rows_emitted": 0}
         return {"source": self._window_start, "window": True, "rows_emitted": self._rows_emitted}
 
     @staticmethod
@@ -278,11 +308,11 @@ class Packer:
         check_state(state, ("source", "window", "rows_emitted"), "Packer")
         if int(state["rows_emitted"]) < 0:
             raise ResumeMismatchError(f"Packer: rows_emitted {state['rows_emitted']} is negative")
-        self.interleaver.check_state(state["source"])
+        self.source.check_state(state["source"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_state(state, ("source", "window", "rows_emitted"), "Packer")
-        self.interleaver.load_state_dict(state["source"])
+        self.source.load_state_dict(state["source"])
         self._window_rows = None
         self._rows_emitted = 0
         if state["window"]:

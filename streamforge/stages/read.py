@@ -3,7 +3,8 @@
 State is a cursor ``{"pass", "range", "offset"}``: the next record is ``offset`` records into
 range ``range`` of this worker's plan for ``pass``. Reading is in bulk (``read(n)`` returns
 up to n documents as one ``DocBatch``), and a read never crosses a pass boundary, so a
-caller sees where each pass ends.
+caller sees where each pass ends. ``next()`` hands out one document at a time and moves on to
+the next pass by itself.
 """
 
 from __future__ import annotations
@@ -17,10 +18,24 @@ from ..source import ShardSource
 from ..planning.plan import Range
 from .base import check_state
 
-_KEYS = ("pass", "range", "offset")
+STATE_KEYS = ("pass", "range", "offset")  # the keys of a saved state
 
 
 class ShardReader:
+    """The records of one stream that the plan gives one global worker, pass after pass: the
+    first stage of a worker's pipeline. Implements the stage contract (``stages.base.Stage``):
+    ``next()`` is the next document as a one-record ``DocBatch``.
+
+    Args:
+        source: the stream's shards (``ShardSource``, or any object with ``manifest``,
+            ``dtype``, ``read(shard, start, stop)`` and ``index(shard)``); ``plan_reads`` and
+            ``extend_reads``, where it has them, are told the records coming next.
+        ranges_for: pass -> this worker's record ranges ``(shard, start, stop)`` of that pass.
+        stream_key: the stream's name, for messages.
+        infinite: move on to the next pass when one ends (else the reader ends with its pass).
+        first_pass: the pass the cursor starts in.
+    """
+
     def __init__(
         self,
         source: ShardSource,
@@ -133,8 +148,8 @@ class ShardReader:
 
     def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
         """The cursor of ``state``, or ``ResumeMismatchError`` naming what is out of range."""
-        check_state(state, _KEYS, "ShardReader")
-        pass_idx, range_idx, offset = (int(state[k]) for k in _KEYS)
+        check_state(state, STATE_KEYS, "ShardReader")
+        pass_idx, range_idx, offset = (int(state[k]) for k in STATE_KEYS)
         where = f"ShardReader({self.stream_key})"
         if pass_idx < 0:
             raise ResumeMismatchError(f"{where}: pass {pass_idx} is negative")
@@ -153,13 +168,6 @@ class ShardReader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._set_cursor(*self.check_state(state))
 
-    @staticmethod
-    def position(state: dict[str, Any], ranges: list[Range]) -> int:
-        """Records of ``ranges`` before the cursor ``state`` (read from a saved state)."""
-        check_state(state, _KEYS, "ShardReader")
-        done = ranges[: int(state["range"])]
-        return sum(b - a for _, a, b in done) + int(state["offset"])
-
     def unread(self) -> list[Range]:
         """The ranges of the current pass from the cursor on (the reader's work left)."""
         rest = self.ranges[self.range_idx :]
@@ -172,3 +180,21 @@ class ShardReader:
         """Put the cursor ``records`` records into this worker's ranges of ``pass_idx``."""
         self._set_cursor(pass_idx, 0, 0)
         self.skip(records)
+
+    # -- stage contract --------------------------------------------------------------------
+    def __iter__(self) -> ShardReader:
+        return self
+
+    def __next__(self) -> DocBatch:
+        """The next document (a record the source skipped as damaged is passed over)."""
+        while True:
+            if self.pass_done and not self.next_pass():
+                raise StopIteration
+            docs = self.read(1)
+            if len(docs):
+                return docs
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()

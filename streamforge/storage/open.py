@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .config import CLIENTS, RetryPolicy
-from .urls import join, without_scheme
+from .urls import join, without_scheme  # noqa: F401 - re-exported: callers import them from here
 
 log = logging.getLogger("streamforge.storage")
 

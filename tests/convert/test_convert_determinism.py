@@ -3,7 +3,7 @@ import shutil
 
 import numpy as np
 
-from convert_helpers import random_docs, write_megatron
+from helpers.convert import random_docs, write_megatron
 from streamforge.convert import convert
 
 

@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from convert_helpers import assert_same_docs, read_stream, write_jsonl, write_megatron
-from pipeline_helpers import take
+from helpers.convert import assert_same_docs, read_stream, write_jsonl, write_megatron
+from helpers.pipeline import take
 from streamforge import PackedTokenDataset, StreamingLoader
 from streamforge.cli import main
 from streamforge.convert import convert, open_source

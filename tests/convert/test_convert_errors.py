@@ -5,7 +5,7 @@ import struct
 import numpy as np
 import pytest
 
-from convert_helpers import write_jsonl, write_megatron
+from helpers.convert import write_jsonl, write_megatron
 from streamforge.convert import convert
 from streamforge.errors import ConfigError, SourceError
 

@@ -21,7 +21,7 @@ import fsspec
 import numpy as np
 import pytest
 
-from convert_helpers import random_docs, read_stream, write_megatron
+from helpers.convert import random_docs, read_stream, write_megatron
 from streamforge.cli import main
 from streamforge.convert import convert
 from streamforge.errors import ConfigError
@@ -146,7 +146,7 @@ def test_killed_rerun_on_s3_leaves_the_old_or_the_new_stream(tmp_path, rng, s3_s
 
 def test_killed_text_overwrite_keeps_the_old_stream_then_resumes(tmp_path, rng):
     pytest.importorskip("tokenizers")
-    from text_helpers import make_docs, split_files, train_hf
+    from helpers.text import make_docs, split_files, train_hf
 
     docs = make_docs(rng, 2400)
     tok = train_hf(tmp_path / "tokenizer.json", docs[:500])
@@ -252,7 +252,7 @@ def test_output_path_that_is_a_regular_file_is_named(tmp_path, rng, capsys):
 
 def test_text_output_path_that_is_a_regular_file_is_named(tmp_path):
     pytest.importorskip("tokenizers")
-    from text_helpers import train_hf, write_text_jsonl
+    from helpers.text import train_hf, write_text_jsonl
 
     docs = ["one two three", "four five"] * 20
     src = write_text_jsonl(tmp_path / "docs.jsonl", docs)

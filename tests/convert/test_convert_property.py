@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from convert_helpers import assert_same_docs, read_stream, write_megatron
+from helpers.convert import assert_same_docs, read_stream, write_megatron
 from streamforge.convert import convert
 from streamforge.format.tar import record_nbytes, records_nbytes
 from streamforge.format.writer import encode_shard, encode_shard_flat

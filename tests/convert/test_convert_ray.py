@@ -14,8 +14,8 @@ ray = pytest.importorskip(
 )
 pytest.importorskip("tokenizers", reason="text conversion tests need the 'text' extra (tokenizers)")
 
-from convert_helpers import read_stream  # noqa: E402
-from text_helpers import make_docs, split_files, train_hf, tree_digests, write_text_parquet  # noqa: E402
+from helpers.convert import read_stream  # noqa: E402
+from helpers.text import make_docs, split_files, train_hf, tree_digests, write_text_parquet  # noqa: E402
 
 from streamforge.convert import convert  # noqa: E402
 

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="text conversion tests need the 'text' extra (tokenizers)")
 
-from text_helpers import make_docs, split_files, train_hf, tree_digests  # noqa: E402
+from helpers.text import make_docs, split_files, train_hf, tree_digests  # noqa: E402
 
 from streamforge.cli import main  # noqa: E402
 

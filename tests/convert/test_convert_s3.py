@@ -1,6 +1,6 @@
 import numpy as np
 
-from convert_helpers import assert_same_docs, random_docs, read_stream, write_megatron
+from helpers.convert import assert_same_docs, random_docs, read_stream, write_megatron
 from streamforge.convert import convert
 from streamforge.format.verify import verify_stream
 

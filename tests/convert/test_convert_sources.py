@@ -4,7 +4,7 @@ import shutil
 import numpy as np
 import pytest
 
-from convert_helpers import (
+from helpers.convert import (
     assert_same_docs,
     random_docs,
     read_stream,

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="text conversion tests need the 'text' extra (tokenizers)")
 
-from convert_helpers import read_stream  # noqa: E402
-from text_helpers import (  # noqa: E402
+from helpers.convert import read_stream  # noqa: E402
+from helpers.text import (  # noqa: E402
     TIKTOKEN_PATTERN,
     make_docs,
     split_files,
@@ -209,7 +209,7 @@ def test_used_prefix_refused_and_overwrite_removes_unlisted(tmp_path, docs, hf_t
 
 
 def test_token_converter_overwrite_removes_old_extra_shards(tmp_path, rng):
-    from convert_helpers import random_docs, write_megatron
+    from helpers.convert import random_docs, write_megatron
 
     write_megatron(tmp_path / "c", random_docs(rng, 200, zero_frac=0))
     small = convert("megatron", tmp_path / "c", tmp_path / "out", shard_size="16KiB")

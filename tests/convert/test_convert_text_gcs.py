@@ -1,4 +1,4 @@
-"""Text read from and shards written to GCS (the fake-gcs-server of tests/gcs_server.py):
+"""Text read from and shards written to GCS (the fake-gcs-server of tests/helpers/gcs_server.py):
 jsonl.gz files and parquet row groups straight from the bucket, same bytes as from disk."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="text conversion tests need the 'text' extra (tokenizers)")
 
-from gcs_server import gcs_server  # noqa: E402, F401  (fixture)
-from text_helpers import make_docs, split_files, train_hf, write_text_parquet  # noqa: E402
+from helpers.gcs_server import gcs_server  # noqa: E402, F401  (fixture)
+from helpers.text import make_docs, split_files, train_hf, write_text_parquet  # noqa: E402
 
 from streamforge.convert import convert  # noqa: E402
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from convert_helpers import random_docs, write_megatron
+from helpers.convert import random_docs, write_megatron
 from streamforge.cli import main
 from streamforge.convert import convert
 from streamforge.format.manifest import Manifest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from format_helpers import random_docs, write_stream
+from helpers.format import random_docs, write_stream
 
 
 @pytest.fixture

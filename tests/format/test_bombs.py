@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from format_helpers import shard_path, write_stream
+from helpers.format import shard_path, write_stream
 from streamforge.source import ShardSource
 
 BOMB_BYTES = 256 << 20  # what each planted frame expands to

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from format_helpers import random_docs, write_stream
+from helpers.format import random_docs, write_stream
 from streamforge.format.tar import record_key, tar_header
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from format_helpers import random_docs, write_stream
+from helpers.format import random_docs, write_stream
 from streamforge.errors import ManifestError, ShardCorruptError
 from streamforge.format.manifest import MANIFEST_NAME, Manifest
 from streamforge.source import ShardSource

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from format_helpers import shard_path, write_stream
+from helpers.format import shard_path, write_stream
 from streamforge.errors import ShardCorruptError
 from streamforge.format.frames import RECORD_DTYPE, decode_index, encode_index, frame_table_bytes
 from streamforge.format.manifest import MANIFEST_NAME, Manifest

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from format_helpers import shard_path, write_stream
+from helpers.format import shard_path, write_stream
 from streamforge.errors import ShardCorruptError
 from streamforge.format.frames import RECORD_DTYPE, frame_table_bytes
 from streamforge.source import ShardSource, read_records

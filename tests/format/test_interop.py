@@ -10,7 +10,7 @@ import tarfile
 import numpy as np
 import zstandard
 
-from format_helpers import ZSTD_CLI, needs_zstd_cli, shard_path
+from helpers.format import ZSTD_CLI, needs_zstd_cli, shard_path
 from streamforge.format.tar import NPY_ALIGN, record_key
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from format_helpers import random_docs, write_stream
+from helpers.format import random_docs, write_stream
 from streamforge.errors import ManifestError
 from streamforge.format.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, shard_name
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from format_helpers import same_docs, write_stream
+from helpers.format import same_docs, write_stream
 from streamforge.format.writer import encode_meta
 from streamforge.source import ShardSource, read_records
 

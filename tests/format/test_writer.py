@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from format_helpers import write_stream
+from helpers.format import write_stream
 from streamforge.errors import ConfigError
 from streamforge.format.manifest import MANIFEST_NAME, Manifest
 from streamforge.format.writer import ShardWriter, choose_token_dtype, cut_points, parse_size

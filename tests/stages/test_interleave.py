@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import dataset, loader, random_docs, take, write_stream
+from helpers.pipeline import dataset, loader, random_docs, take, write_stream
 from streamforge import PackedTokenDataset, Stream
 
 

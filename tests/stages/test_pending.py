@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import dataset, random_docs, write_stream
+from helpers.pipeline import dataset, random_docs, write_stream
 from streamforge import Manifest
 
 
@@ -19,7 +19,7 @@ def test_consumed_pending_and_unread_partition_the_pass(tmp_path, rng):
         emitted |= set(zip(rows.shard.tolist(), rows.record.tolist()))
     buffer = pipeline.buffers[0]
     pending = set(buffer.pending_records())
-    reader = buffer.reader
+    reader = buffer.source
     unread = {(s, r) for i, (s, a, b) in enumerate(reader.ranges[reader.range_idx:])
               for r in range(a + (reader.offset if i == 0 else 0), b)}
     manifest = Manifest.load(url)
@@ -34,12 +34,12 @@ def test_consumed_pending_and_unread_partition_the_pass(tmp_path, rng):
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**33)), unique=True, max_size=40),
        st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2**33)), max_size=40), st.randoms())
 def test_locate_finds_each_wanted_record_or_says_it_is_missing(have, extra, rnd):
-    from streamforge.stages.shuffle import _locate
+    from streamforge.stages.window_reads import locate
 
     rnd.shuffle(have)
     wanted = [k for k in have if rnd.random() < 0.7] + extra
     arr = lambda pairs, i: np.array([p[i] for p in pairs], np.int64)  # noqa: E731
-    at, present = _locate(arr(have, 0), arr(have, 1), arr(wanted, 0), arr(wanted, 1))
+    at, present = locate(arr(have, 0), arr(have, 1), arr(wanted, 0), arr(wanted, 1))
     for k, i, ok in zip(wanted, at.tolist(), present.tolist()):
         assert ok == (k in have)
         if ok:

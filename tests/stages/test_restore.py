@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, random_docs, take, write_stream
-from streamforge.stages.shuffle import _restore_units
+from helpers.pipeline import assert_batches_equal, dataset, loader, random_docs, take, write_stream
+from streamforge.stages.window_reads import restore_units
 from streamforge.storage.config import StorageConfig
 
 
@@ -56,7 +56,7 @@ def test_restores_at_every_position_of_a_window_are_exact(tmp_path, rng, workers
 
 
 class _Index:
-    """A shard index with ``per_frame`` records in each frame, for ``_restore_units``."""
+    """A shard index with ``per_frame`` records in each frame, for ``restore_units``."""
 
     def __init__(self, num_records: int, per_frame: int) -> None:
         self.num_records, self.per_frame = num_records, per_frame
@@ -93,8 +93,8 @@ def test_restore_units_cover_each_pending_document_once_in_order_of_need(sizes, 
     pending = docs[skip:]
     shard = np.array([s for s, _ in pending], np.int64)
     record = np.array([r for _, r in pending], np.int64)
-    units = _restore_units(source, ranges, shard, record, skip)
-    firsts = [u[3][0] for u in units]
+    units = restore_units(source, ranges, shard, record, skip)
+    firsts = [u.positions[0] for u in units]
     assert firsts == sorted(firsts)  # read in the order their first document is needed
     placed = {}
     for s, lo, hi, positions, records in units:
@@ -164,21 +164,21 @@ def test_a_damaged_frame_fetched_side_by_side_fails_its_read_with_where(tmp_path
 
 def test_a_window_order_is_computed_once_and_shared(tmp_path, rng):
     from streamforge.source.shard_source import ShardSource
-    from streamforge.stages.shuffle import _nonempty_order, _window_order, _window_records
+    from streamforge.stages.window_order import nonempty_order, window_order, window_records
 
     url = str(tmp_path / "web")
     write_stream(url, [d if i % 7 else d[:0] for i, d in enumerate(random_docs(rng, 300, 20, min_len=1))],
                  shard_size="4KiB", frame_size="1KiB")
     source = ShardSource.open(url)
     ranges = [(1, 3, 30), (0, 0, 12)]
-    first = _window_order(source, ranges, 42, keep=True)  # a check of a saved state
-    shard, record, lengths = _window_records(source, ranges)
-    for got, want in zip(first, (shard, record, lengths, _nonempty_order(lengths, 42))):
+    first = window_order(source, ranges, 42, keep=True)  # a check of a saved state
+    shard, record, lengths = window_records(source, ranges)
+    for got, want in zip(first, (shard, record, lengths, nonempty_order(lengths, 42))):
         np.testing.assert_array_equal(got, want)
         assert not got.flags.writeable  # shared: nobody may change it
-    assert _window_order(ShardSource.open(url), ranges, 42) is not first  # another stream object
-    assert _window_order(source, ranges, 43)[3].tolist() != first[3].tolist()
-    assert _window_order(source, [list(r) for r in ranges], 42) is first  # the restore takes it...
-    again = _window_order(source, ranges, 42)
+    assert window_order(ShardSource.open(url), ranges, 42) is not first  # another stream object
+    assert window_order(source, ranges, 43)[3].tolist() != first[3].tolist()
+    assert window_order(source, [list(r) for r in ranges], 42) is first  # the restore takes it...
+    again = window_order(source, ranges, 42)
     assert again is not first  # ...so nothing is held after it
     assert all(np.array_equal(a, b) for a, b in zip(again, first))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline_helpers import assert_batches_equal, dataset, loader, random_docs, take, write_stream
+from helpers.pipeline import assert_batches_equal, dataset, loader, random_docs, take, write_stream
 from streamforge.storage.config import StorageConfig
 from streamforge.errors import ConfigError
 from streamforge.stages.shuffle import window_size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage_helpers import make_docs, write_corpus
+from helpers.storage import make_docs, write_corpus
 
 BACKENDS = ("local", "file", "s3")
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from fault_proxy import FaultProxy
-from storage_helpers import config, read_all, same, tokens_of
+from helpers.fault_proxy import FaultProxy
+from helpers.storage import config, read_all, same, tokens_of
 from streamforge.errors import ConfigError
 from streamforge.source import ShardSource
 from streamforge.storage.config import HedgePolicy, RetryPolicy
@@ -109,7 +109,7 @@ def test_stalled_reads_are_hedged_instead_of_waiting_out_the_timeout(s3_corpus, 
 
 
 def test_an_infinite_reader_reads_ahead_across_the_pass_boundary(tmp_path, docs):
-    from storage_helpers import full_ranges, write_corpus
+    from helpers.storage import full_ranges, write_corpus
     from streamforge.stages.read import ShardReader
 
     url = str(tmp_path / "web")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from storage_helpers import config, make_docs, read_all, same, tokens_of, write_corpus
+from helpers.storage import config, make_docs, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ShardCorruptError
 from streamforge.source import ShardSource
 from streamforge.storage.cache import FrameCache

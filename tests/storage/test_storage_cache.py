@@ -6,7 +6,7 @@ import multiprocessing as mp
 import os
 import time
 
-from storage_helpers import config, read_all, same, tokens_of
+from helpers.storage import config, read_all, same, tokens_of
 from streamforge.source import ShardSource
 from streamforge.storage.cache import FrameCache
 

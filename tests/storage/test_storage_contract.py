@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ManifestError
 from streamforge.format.manifest import MANIFEST_NAME, Manifest, check_stream
 from streamforge.source import ShardSource, read_records

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ShardCorruptError
 from streamforge.format.manifest import MANIFEST_NAME
 from streamforge.source import ShardSource

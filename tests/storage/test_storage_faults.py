@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from fault_proxy import FaultProxy
-from storage_helpers import config, read_all, same, tokens_of
+from helpers.fault_proxy import FaultProxy
+from helpers.storage import config, read_all, same, tokens_of
 from streamforge.errors import ManifestError, ShardCorruptError, StorageError
 from streamforge.source import ShardSource
 from streamforge.storage.config import RetryPolicy

@@ -1,4 +1,4 @@
-"""GCS through gcsfs against fake-gcs-server on 127.0.0.1 (``tests/gcs_server.py``).
+"""GCS through gcsfs against fake-gcs-server on 127.0.0.1 (``tests/helpers/gcs_server.py``).
 
 The storage contract tests of ``test_storage_contract.py`` are imported and run again here
 with this module's ``corpus`` and ``backend`` fixtures, which put the corpus in a bucket of
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from gcs_server import gcs_server  # noqa: F401  (fixture)
-from storage_helpers import FAST_RETRY, batches, config, equal, read_all, same, tokens_of, write_corpus
+from helpers.gcs_server import gcs_server  # noqa: F401  (fixture)
+from helpers.storage import FAST_RETRY, batches, config, equal, read_all, same, tokens_of, write_corpus
 from streamforge import PackedTokenDataset, ShardWriter, Stream, StreamingLoader
 from streamforge.errors import ManifestError
 from streamforge.format.manifest import Manifest, check_stream

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import StorageError
 from streamforge.source import ShardSource
 from streamforge.source.readahead import HEAD_BYTES

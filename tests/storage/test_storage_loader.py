@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fault_proxy import FaultProxy
-from storage_helpers import FAST_RETRY, batches, equal
+from helpers.fault_proxy import FaultProxy
+from helpers.storage import FAST_RETRY, batches, equal
 from streamforge import PackedTokenDataset, Stream, StreamingLoader
 from streamforge.storage.config import StorageConfig
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fault_proxy import FaultProxy
-from storage_helpers import FAST_RETRY, batches, equal, write_corpus
+from helpers.fault_proxy import FaultProxy
+from helpers.storage import FAST_RETRY, batches, equal, write_corpus
 from streamforge import PackedTokenDataset, Stream, StreamingLoader, unpack_state
 from streamforge.errors import StorageError
 from streamforge.source import ShardSource

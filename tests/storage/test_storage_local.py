@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.source import ShardSource
 from streamforge.storage.local import LocalReader
 from streamforge.storage.open import open_url

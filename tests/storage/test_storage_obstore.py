@@ -8,7 +8,7 @@ import multiprocessing as mp
 
 import pytest
 
-from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ManifestError, ShardCorruptError, StorageError
 from streamforge.format.manifest import Manifest
 from streamforge.source import ShardSource
@@ -147,7 +147,7 @@ def test_a_process_forked_after_obstore_requests_reads_over_http(s3_corpus, docs
 
 
 def _loader(url, opts, client, num_workers=0, context=None):
-    from storage_helpers import FAST_RETRY
+    from helpers.storage import FAST_RETRY
     from streamforge import PackedTokenDataset, Stream, StreamingLoader
 
     ds = PackedTokenDataset([Stream(url, name="web", storage_options=opts)], seq_len=128, seed=0,
@@ -158,7 +158,7 @@ def _loader(url, opts, client, num_workers=0, context=None):
 
 def test_loader_passes_equal_across_clients_and_worker_start_methods(s3_corpus):
     """Spawned workers read through obstore themselves; forked ones over plain HTTP."""
-    from storage_helpers import batches, equal
+    from helpers.storage import batches, equal
 
     url, opts, _ = s3_corpus
     for workers, context in ((0, None), (2, None), (1, "spawn")):

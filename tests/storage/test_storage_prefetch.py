@@ -53,7 +53,7 @@ def test_a_unit_holds_at_most_a_quarter_of_the_read_ahead(tmp_path, rng):
     """Compressed plus decoded, each unit of a plan fits four times in the budget, so the
     scheduler keeps several in flight ahead of the reader (a unit larger than what the
     budget has left waits until the reader has taken everything)."""
-    from pipeline_helpers import random_docs, write_stream
+    from helpers.pipeline import random_docs, write_stream
 
     from streamforge.format.manifest import Manifest
     from streamforge.source import ShardSource
@@ -75,7 +75,7 @@ def test_a_unit_holds_at_most_a_quarter_of_the_read_ahead(tmp_path, rng):
 def test_a_read_finds_its_place_in_the_plan_near_the_cursor_or_anywhere(tmp_path, rng):
     """A read looks for its planned range a few ranges from the last one first; one far from
     it (behind, or past them) is found all the same, and a range not planned is not."""
-    from pipeline_helpers import random_docs, write_stream
+    from helpers.pipeline import random_docs, write_stream
 
     from streamforge.format.manifest import Manifest
     from streamforge.source import ShardSource

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from s3_server import free_port
-from storage_helpers import config, read_all, same, tokens_of, write_corpus
+from helpers.s3_server import free_port
+from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ManifestError, StorageError
 from streamforge.source import ShardSource
 from streamforge.storage import objstore

@@ -1,4 +1,4 @@
-"""Helpers of the storage tests (imported by name: tests/storage is on sys.path)."""
+"""Helpers of the storage tests (``from helpers.storage import ...``)."""
 
 from __future__ import annotations
 

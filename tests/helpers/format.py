@@ -1,4 +1,4 @@
-"""Shared helpers of the format tests (imported by name: tests/format is on sys.path)."""
+"""Shared helpers of the format tests (``from helpers.format import ...``)."""
 
 from __future__ import annotations
 

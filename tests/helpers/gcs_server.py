@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from s3_server import free_port
+from helpers.s3_server import free_port
 
 _counter = itertools.count()
 PROTOCOLS = ("gs", "gcs")

@@ -26,7 +26,7 @@ def main(ledger_dir: str, urls: list[str]) -> None:
     if dist.get_rank() == 0:  # rank 0 gets further before the job dies: its tail is flushed
         for _ in range(5):
             next(it)
-    first._ledger.close()
+    first.ledger.close()
     del it
     dist.barrier()
     resumed = build(urls, ledger_dir, num_workers=0)  # one logical worker either way: exact

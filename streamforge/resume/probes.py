@@ -1,0 +1,73 @@
+"""What a saved shuffle-buffer state says about its worker's progress, from record indexes only.
+
+Resume code asks these questions of saved states; a running pipeline never does, so they live
+here, as functions over a stage's saved state and its public methods:
+
+* ``reader_position`` / ``buffer_position``: how many records a saved cursor had handed on
+  (statistical resume);
+* ``buffer_work_left``: the record ranges and shuffle windows' rests a saved worker had not
+  handed out (elastic resume).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..planning.plan import Range
+from ..stages.base import check_state
+from ..stages.read import STATE_KEYS as READER_KEYS
+from ..stages.shuffle import STATE_KEYS as BUFFER_KEYS
+from ..stages.shuffle import ShuffleBuffer
+from ..stages.window_order import window_order
+
+
+def reader_position(state: dict[str, Any], ranges: list[Range]) -> int:
+    """Records of ``ranges`` before the saved ``ShardReader`` cursor ``state``."""
+    check_state(state, READER_KEYS, "ShardReader")
+    done = ranges[: int(state["range"])]
+    return sum(b - a for _, a, b in done) + int(state["offset"])
+
+
+def buffer_position(state: dict[str, Any], ranges_for: Callable[[int], list[Range]]) -> tuple[int, int]:
+    """(pass, records handed on) of a saved ``ShuffleBuffer`` state: the reader cursor at the
+    window start plus the documents of the window already emitted (the window's empty records
+    are not counted there, so this is approximate by at most those)."""
+    check_state(state, BUFFER_KEYS, "ShuffleBuffer")
+    pass_idx = int(state["reader"]["pass"])
+    records = reader_position(state["reader"], ranges_for(pass_idx))
+    return pass_idx, records + (int(state["pos"]) if state["loaded"] else 0)
+
+
+def buffer_work_left(buffer: ShuffleBuffer, state: dict[str, Any]) -> tuple[int, list, list[dict]]:
+    """What the worker of a saved ``ShuffleBuffer`` state had not handed on, from record
+    indexes only: (pass, record ranges not yet read, windows' rests ``{"ranges", "key", "pos",
+    "offset", "tokens", "docs"}``: its current window's and those of its saved windows not yet
+    emitted).
+
+    ``buffer`` is configured as the saved worker's was; it is left unusable.
+    """
+    buffer.check_state(state)
+    reader = buffer.source
+    pass_idx = reader.pass_idx
+    loaded, pos, offset = bool(state["loaded"]), int(state["pos"]), int(state["token_offset"])
+    units: list[dict] = []
+    if buffer.window_idx < 0:
+        for window in range(buffer.window_idx, 0):
+            current = loaded and window == buffer.window_idx
+            item = buffer.saved_window(pass_idx, window)
+            units.append(_window_rest(buffer, item["ranges"], int(item["key"]), pos if current else int(item["pos"]),
+                                      offset if current else int(item["offset"])))
+    elif loaded:
+        ranges = reader.peek_ranges(buffer.window_size())
+        units.append(_window_rest(buffer, ranges, buffer.window_key(), pos, offset))
+        reader.skip(sum(b - a for _, a, b in ranges))
+    return pass_idx, reader.unread(), [u for u in units if u["docs"]]
+
+
+def _window_rest(buffer: ShuffleBuffer, ranges, key: int, pos: int, offset: int) -> dict:
+    """A saved window's rest, with the tokens and documents it still holds."""
+    _, _, lengths, order = window_order(buffer.source.source, ranges, key)
+    order = order[pos:]
+    tokens = int(lengths[order].sum()) + (len(order) if buffer.eos_id is not None else 0) - offset
+    return {"ranges": [[int(s), int(a), int(b)] for s, a, b in ranges], "key": int(key), "pos": pos,
+            "offset": offset, "tokens": tokens, "docs": len(order)}

@@ -1,0 +1,370 @@
+"""The report: the throughput, scale, resume, targets and formats tables, the peers section of
+docs/benchmarks.md, and its plot."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+
+from _benchdoc import spread
+
+from .measure import systems_at
+from .settings import (BATCH, CEILINGS, EQUAL, EQUAL_READ_AHEAD, EQUAL_SHUFFLE, M, NAMES, PEERS, POSITIONS,
+                       SYSTEMS)
+
+
+def med(values) -> float:
+    return float(statistics.median(values))
+
+
+def case_stats(rs: list[dict]) -> dict:
+    return {"rate": [r["tokens"] / r["seconds"] for r in rs],
+            "cpu_per_b": [r["cpu"] / r["tokens"] * 1e9 for r in rs],
+            "first": [r["first"] for r in rs if r["first"] is not None],
+            "rss": [r["rss"] for r in rs if r.get("rss")]}
+
+
+def row_label(system: str, workers: int, backend: str) -> str:
+    if system in CEILINGS:
+        return NAMES[system]
+    return f"{NAMES[system]} | {workers} | {'local disk' if backend == 'local' else 'loopback S3'}"
+
+
+def throughput_table(res: dict, args) -> list[str]:
+    lines = ["| system | workers | storage | tokens/s, M (min-max) | x streamforge | CPU-s per 1B tokens | "
+             "first batch, s | peak RSS, MiB (tree) |", "|---|---|---|---|---|---|---|---|"]
+    runs, errors = res["runs"], res["errors"]
+    base = {}
+    for (system, w, b), rs in runs.items():
+        if system == "streamforge" and rs:
+            base[w, b] = med(case_stats(rs)["rate"])
+    for (system, w, b), rs in runs.items():
+        if system in CEILINGS:
+            label = f"{NAMES[system]} | 0 | local disk"
+        else:
+            label = row_label(system, w, b)
+        if not rs:
+            lines.append(f"| {label} | not runnable: {errors.get((system, w, b), 'no result')} | | | | |")
+            continue
+        st = case_stats(rs)
+        ref = base.get((w, b)) if system not in CEILINGS else base.get((0, "local"))
+        ratio = f"{med(st['rate']) / ref:.2f}" if ref else "-"
+        first = spread(st["first"], fmt="{:.3f}") if st["first"] else "-"
+        rss = spread(st["rss"], 2**20, "{:.0f}") if st["rss"] else "-"
+        lines.append(f"| {label} | {spread(st['rate'], M)}{failed_runs(rs, errors.get((system, w, b)), args)} | "
+                     f"{ratio} | {spread(st['cpu_per_b'], fmt='{:.0f}')} | {first} | {rss} |")
+    return lines
+
+
+def failed_runs(rs: list, error: str | None, args) -> str:
+    """What a row leaves out: the runs of a case that failed, with the last one's error."""
+    if error is None or len(rs) >= args.repeats:
+        return ""
+    return f"; {len(rs)} of {args.repeats} runs, the others failed: {error}"
+
+
+def scale_table(results: dict, args) -> list[str]:
+    sizes = sorted(results)
+    head = " | ".join(f"{t / M:g}M tokens" for t in sizes)
+    lines = [f"| system | workers | storage | {head} | largest / main |", "|---" * (4 + len(sizes)) + "|"]
+    keys = [k for k in results[sizes[0]]["runs"] if k[0] not in CEILINGS]
+    for key in keys:
+        rates = []
+        for t in sizes:
+            rs = results[t]["runs"].get(key) or []
+            rates.append(med(case_stats(rs)["rate"]) if rs else None)
+        cells = " | ".join(f"{r / M:.1f}M" if r else ("not run" if key[0] not in systems_at(args, t) else "-")
+                           for r, t in zip(rates, sizes))
+        grow = f"{rates[-1] / rates[0]:.2f}x" if rates[0] and rates[-1] else "-"
+        lines.append(f"| {row_label(*key)} | {cells} | {grow} |")
+    left_out = {}
+    for key in keys:
+        for t in sizes[1:]:
+            if key[0] not in systems_at(args, t) and results[sizes[0]]["runs"].get(key):
+                rate = med(case_stats(results[sizes[0]]["runs"][key])["rate"])
+                left_out.setdefault((key[0], t), []).append(t / rate)
+    if left_out:
+        lines += ["", "Not run at the larger size (`--large-systems`), with the pass one case would take there "
+                  "at its tokens/s on the main corpus: " + "; ".join(
+                      f"{NAMES[system]} at {t / M:g}M tokens, {min(secs):.0f}-{max(secs):.0f} s a pass"
+                      for (system, t), secs in left_out.items()) + "."]
+    return lines
+
+
+def resume_table(res: dict, args) -> list[str]:
+    head = " | ".join(f"at {f:.0%}" for f in POSITIONS)
+    lines = [f"| system | fresh start: first batch, s | {head} |", "|---" * (2 + len(POSITIONS)) + "|"]
+    for system, r in res["resume"].items():
+        fresh = res["runs"].get((system, args.resume_workers, "local")) or []
+        fresh_s = spread(case_stats(fresh)["first"], fmt="{:.3f}") if fresh else "-"
+        if "error" in r:
+            lines.append(f"| {NAMES[system]} | {fresh_s} | not runnable: {r['error']} | | |")
+            continue
+        cells = []
+        for b in r["at"]:
+            b = str(b) if str(b) in r["times"] else b
+            if r["errors"].get(b):
+                cells.append(f"failed: {r['errors'][b]}")
+                continue
+            exact = all(r["exact"][b])
+            checked = min(r["checked"][b])
+            cells.append(f"{spread(r['times'][b], fmt='{:.3f}')} s, batch {b}/{r['batches']}, "
+                         f"{'exact' if exact else '**not exact**'} ({checked} batches checked)")
+        lines.append(f"| {NAMES[system]} | {fresh_s} | " + " | ".join(cells) + " |")
+    return lines
+
+
+
+def _rate(res: dict, key) -> float | None:
+    rs = res["runs"].get(key) or []
+    return med(case_stats(rs)["rate"]) if rs else None
+
+
+def _best_peer(res: dict, workers: int, backend: str, what: str = "rate", least: bool = False):
+    """(system, median) of the peer with the highest ``what`` (the lowest with ``least``) in
+    one configuration, or None when no peer ran there."""
+    found = []
+    for system in PEERS:
+        rs = res["runs"].get((system, workers, backend)) or []
+        values = case_stats(rs)[what] if rs else []
+        if values:
+            found.append((med(values), system))
+    if not found:
+        return None
+    value, system = min(found) if least else max(found)
+    return system, value
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "**missed**")
+
+
+def bound_note(res: dict) -> list[str]:
+    """What bounds the 0-worker throughput target, from this run's ceilings."""
+    contract, zstd, best = _rate(res, ("contract", 0, "local")), _rate(res, ("zstd", 0, "local")), \
+        _best_peer(res, 0, "local")
+    if not (contract and zstd and best):
+        return []
+    one_core = 1 / (1 / contract + 1 / zstd)
+    return [
+        f"What bounds the 0-worker target: building the five tensors of the contract, with no decode, no "
+        f"shuffle and no state, runs at {contract / M:.0f}M tokens/s on one core ({contract / best[1]:.2f}x "
+        f"{NAMES[best[0]]}); with zstd decoding on the same core the two come to {one_core / M:.0f}M "
+        f"({one_core / best[1]:.2f}x), and with the decoding moved to the second core, as the read-ahead does, "
+        f"the contract alone is the bound. 1.5x the fastest peer is {1.5 * best[1] / contract:.0%} of that "
+        "ceiling, before any shuffling, packing or state is paid for.", "",
+    ]
+
+
+def targets_table(res: dict, args, larger: dict | None = None) -> list[str]:
+    """Each target of the comparison, measured in this run on the main corpus: streamforge's
+    figure, the figure it is held against, and whether it is met; ``larger`` (size: results)
+    adds the workers target on the larger corpora."""
+    rows = []
+    for w, b in ((0, "local"), (2, "local"), (2, "s3")):
+        ours, best = _rate(res, ("streamforge", w, b)), _best_peer(res, w, b)
+        if ours and best:
+            rows.append((f"tokens/s >= 1.5x the fastest peer, {w} workers, {'local' if b == 'local' else 'S3'}",
+                         f"{ours / M:.1f}M", f"{NAMES[best[0]]} {best[1] / M:.1f}M",
+                         f"{ours / best[1]:.2f}x", ours >= 1.5 * best[1]))
+    contract, ours0, best0 = _rate(res, ("contract", 0, "local")), _rate(res, ("streamforge", 0, "local")), \
+        _best_peer(res, 0, "local")
+    if contract and best0:
+        rows.append(("bound: the full contract from a flat memmap (no decode, no shuffle, one core) / the "
+                     "fastest peer, 0 workers, local", f"{contract / M:.1f}M", f"{best0[1] / M:.1f}M",
+                     f"{contract / best0[1]:.2f}x", None))
+    for w in sorted({w for (_, w, b) in res["runs"] if b == "s3"}):
+        rs = res["runs"].get(("streamforge", w, "s3")) or []
+        best = _best_peer(res, w, "s3", "first", least=True)
+        if rs and best:
+            ours = med(case_stats(rs)["first"])
+            rows.append((f"first batch from S3 <= 0.5x the fastest peer's, {w} workers", f"{ours:.3f} s",
+                         f"{NAMES[best[0]]} {best[1]:.3f} s", f"{ours / best[1]:.2f}x", ours <= 0.5 * best[1]))
+    resume = res.get("resume") or {}
+    ours_r = resume.get("streamforge") or {}
+    for i, frac in enumerate(POSITIONS):
+        if "at" not in ours_r or i >= len(ours_r["at"]):
+            break
+        ours = ours_r["times"].get(ours_r["at"][i]) or ours_r["times"].get(str(ours_r["at"][i]))
+        peers = []
+        for system in PEERS:
+            r = resume.get(system) or {}
+            if "at" not in r or i >= len(r["at"]):
+                continue
+            b = r["at"][i]
+            times, exact = r["times"].get(b) or r["times"].get(str(b)), r["exact"].get(b) or r["exact"].get(str(b))
+            if times and exact and all(exact):
+                peers.append((med(times), system))
+        if ours and peers:
+            best_t, best_s = min(peers)
+            rows.append((f"resume at {frac:.0%} <= 0.5x the fastest exact peer's, {args.resume_workers} workers",
+                         f"{med(ours):.3f} s", f"{NAMES[best_s]} {best_t:.3f} s", f"{med(ours) / best_t:.2f}x",
+                         med(ours) <= 0.5 * best_t))
+    lightest = _best_peer(res, 0, "local", "rss", least=True)
+    for system in ("streamforge", EQUAL):
+        rs = res["runs"].get((system, 0, "local")) or []
+        if rs and lightest and case_stats(rs)["rss"]:
+            ours = med(case_stats(rs)["rss"])
+            rows.append((f"peak RSS <= the lightest peer's, 0 workers, local: {NAMES[system]}",
+                         f"{ours / 2**20:.0f} MiB", f"{NAMES[lightest[0]]} {lightest[1] / 2**20:.0f} MiB",
+                         f"{ours / lightest[1]:.2f}x", ours <= lightest[1]))
+    for size, sized in [(None, res)] + [(t, r) for t, r in sorted((larger or {}).items())]:
+        for b in ("local", "s3"):
+            two, zero = _rate(sized, ("streamforge", 2, b)), _rate(sized, ("streamforge", 0, b))
+            if two and zero:
+                at = f", {size / M:g}M-token corpus" if size else ""
+                rows.append((f"2 workers >= 0 workers, {'local' if b == 'local' else 'S3'}{at}", f"{two / M:.1f}M",
+                             f"{zero / M:.1f}M", f"{two / zero:.2f}x", two >= zero))
+    zstd = _rate(res, ("zstd", 0, "local"))
+    if zstd and ours0:
+        rows.append(("0 workers, local >= 50% of raw zstd decoding of the same shards (one core)",
+                     f"{ours0 / M:.1f}M", f"{zstd / M:.1f}M", f"{ours0 / zstd:.0%}", ours0 >= 0.5 * zstd))
+    lines = ["| target | streamforge | against | ratio | |", "|---|---|---|---|---|"]
+    lines += [f"| {t} | {a} | {b} | {r} | {_verdict(ok)} |" for t, a, b, r, ok in rows]
+    return lines
+
+
+def formats_table(meta: dict) -> list[str]:
+    lines = ["| system | format, as its own writer wrote it | files | MB on disk | write, s |", "|---|---|---|---|---|"]
+    kinds = {"streamforge": "tar/zstd shards (`ShardWriter`, 16 MiB, zstd level 3), one record per document",
+             "litdata-zstd": "`litdata.optimize(..., item_loader=TokensLoader(), compression='zstd')`, 16 MB chunks, "
+                             "one item per document",
+             "litdata-raw": "`litdata.optimize(..., item_loader=TokensLoader())`, 16 MB chunks, one item per document",
+             "mosaic": "`MDSWriter(columns={'tokens': 'bytes'}, size_limit=16 MiB)`, uncompressed, one sample "
+                       "per 2049-token block",
+             "webdataset": "`wds.ShardWriter(maxsize=16 MiB)` tar, uncompressed, one sample per 2049-token block"}
+    for system, f in meta["formats"].items():
+        if "error" in f:
+            lines.append(f"| {NAMES[system]} | not written: {f['error']} | | | |")
+        else:
+            lines.append(f"| {NAMES[system]} | {kinds[system]} | {f['files']} | {f['bytes'] / M:.1f} | "
+                         f"{f['write_s']:.1f} |")
+    return lines
+
+
+def plot_peers(res: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = res["runs"]
+    systems = [s for s in SYSTEMS if any(k[0] == s for k in runs)]
+    configs = sorted({(w, b) for (s, w, b) in runs if s not in CEILINGS}, key=lambda c: (c[1] != "local", c[0]))
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / max(1, len(configs))
+    for i, (w, b) in enumerate(configs):
+        vals, lo, hi = [], [], []
+        for s in systems:
+            rs = runs.get((s, w, b)) or []
+            r = [x / M for x in case_stats(rs)["rate"]] if rs else [0.0]
+            vals.append(med(r))
+            lo.append(med(r) - min(r))
+            hi.append(max(r) - med(r))
+        xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(systems))]
+        bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2,
+                      label=f"{w} workers, {'local disk' if b == 'local' else 'loopback S3'}")
+        ax.bar_label(bars, labels=[f"{v:.0f}" if v else "n/a" for v in vals], fontsize=7)
+    for c, style in zip(CEILINGS, (":", "-.", "--")):
+        rs = runs.get((c, 0, "local")) or []
+        if rs:
+            ax.axhline(med(case_stats(rs)["rate"]) / M, color="gray", linestyle=style, linewidth=1,
+                       label=f"{NAMES[c]} ({med(case_stats(rs)['rate']) / M:.0f}M)")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(systems)), [NAMES[s].replace(" + ", "\n+ ").replace(", ", ",\n") for s in systems],
+                  fontsize=8)
+    ax.set_ylabel("tokens/s (millions, log), median; bars: min-max")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    from _benchdoc import save_figure
+
+    save_figure(fig, path)
+
+
+def peers_section(results: dict, metas: dict, args, run: dict) -> str:
+    from streamforge.storage.config import LOCAL_READ_AHEAD, REMOTE_READ_AHEAD
+
+    main = min(results)
+    res, meta = results[main], metas[main]
+    command, load = run["command"], run["load"]
+    vers = ", ".join(f"{k} {v}" for k, v in run["versions"].items())
+    large = [t for t in sorted(results) if t != main]
+    sizes_text = ", ".join(f"{metas[t]['documents']:,} documents, {metas[t]['tokens']:,} tokens" for t in large)
+    lines = [
+        "## streamforge next to LitData, MosaicML Streaming and WebDataset (`tools/bench_peers.py`)", "",
+        f"`{command}`, {run['date']}, {platform.machine()} with {os.cpu_count()} CPUs "
+        f"(shared with other work; load average {load} at the end), Python {platform.python_version()}.", "",
+        f"Versions: {vers}.", "",
+        f"Corpus: {meta['documents']:,} documents, {meta['tokens']:,} tokens (plus one EOS each), lognormal "
+        "lengths (median 600, sigma 1.0), ids `zipf(1.3) % 50256`, one deterministic generator; every "
+        "system wrote it in its own format with its own writer, 16 MiB shards or chunks:", "",
+        *formats_table(meta), "",
+        f"The job: one pass of packed 2049-token int64 blocks in batches of {BATCH}. streamforge "
+        "(`PackedTokenDataset(url, seq_len=2048, seed=0)`, `StreamingLoader(batch_size=8)`) delivers its full "
+        "batch contract: input_ids, labels, position_ids, doc_ids, source_ids, documents shuffled in "
+        "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
+        f"(local {LOCAL_READ_AHEAD[0] >> 20} MiB on one fetch thread, S3 {REMOTE_READ_AHEAD[0] >> 20} MiB on four), S3 read through obstore's client in the "
+        "training process and over signed HTTP requests (`storage/s3http.py`) in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
+        "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
+        "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "
+        "delivered (streamforge: non-padding positions; a peer: 2049 per block) over the seconds from "
+        "building the loader to the end of the pass, imports excluded (the system's modules and, from S3, "
+        "the client it reads with: s3fs, obstore or boto3, imported before the clock starts). Each case runs "
+        "in a fresh "
+        f"process; medians of {args.repeats} runs (min-max), cases interleaved within each repeat. "
+        "CPU-seconds: user + sys of the case process and its workers (psutil, sampled at the start and the "
+        "end of the pass, reaped children included), per billion tokens; the S3 server's CPU is not counted. "
+        "Peak RSS: the summed RSS of the case process and its descendants, sampled every 50 ms from the "
+        "parent with psutil (pages shared by forked workers count once per process). Loopback S3: moto on "
+        "127.0.0.1 in a child of the tool, started and stopped by it. Ratios: tokens/s over streamforge's "
+        "with the same workers and storage (ceilings: over streamforge's with 0 workers, local disk).", "",
+        "![tokens/s per system](img/peers_throughput.png)", "",
+        *throughput_table(res, args), "",
+        f"{NAMES[EQUAL]}: `shuffle_buffer={EQUAL_SHUFFLE}` (about the 2M tokens of WebDataset's 1000-block "
+        f"sample buffer) and `StorageConfig(prefetch_bytes={EQUAL_READ_AHEAD >> 20} MiB)`, the settings at which "
+        "its memory is compared (docs/storage.md says what each knob buys).", "",
+    ]
+    if large:
+        lines += [
+            "Start-up against steady state: the same cases on a corpus 10x larger, written the same way "
+            f"({sizes_text}; tokens/s, medians); "
+            "a system whose fixed costs (worker start, index reads, first downloads) matter gains most.", "",
+            *scale_table(results, args), "",
+        ]
+    if res["resume"]:
+        lines += [
+            f"Resume with each system's own mechanism, {args.resume_workers} workers, local disk: a fresh process "
+            "builds the loader, loads the state saved after that many batches of an uninterrupted pass and takes "
+            f"the first batch (timed, median (min-max) of {args.repeats}); the next {args.resume_check} batches "
+            "(or the rest of the pass) are compared with the uninterrupted pass's, bit for bit. Mechanisms: "
+            "streamforge `loader.state_dict()`/`load_state_dict()`; LitData's and Mosaic's "
+            "`StreamingDataLoader.state_dict()`/`load_state_dict()`; WebDataset in torchdata's "
+            "`StatefulDataLoader` (WebDataset keeps no state of its own, so the loader replays the "
+            "samples already seen to get back to the position).", "",
+            *resume_table(res, args), "",
+        ]
+    lines += [
+        "The targets, each measured in this run (a bound is a ceiling, not a target):", "",
+        *targets_table(res, args, {t: results[t] for t in large}), "",
+        *bound_note(res),
+        "Workarounds, all confined to the benchmark's own processes:", "",
+        "- **MosaicML Streaming** imports torchvision when it is imported (`streaming.vision`), and the "
+        "registry's torchvision wheel does not load with this torch (`RuntimeError: operator torchvision::nms "
+        "does not exist`). Each Mosaic process gets a stand-in `torchvision` module (`install_torchvision_stub`) "
+        "before importing `streaming`; text datasets never call into it. mosaicml-streaming also pins "
+        "`google-cloud-storage<3.3`, below what gcsfs (a test extra) needs: the peers live in their own "
+        "venv, `make venv-bench`.",
+        "- **LitData** downloads chunks with obstore, which refuses `http://` endpoints unless its client "
+        "options say `allow_http`; LitData passes fixed client options (so obstore's `AWS_ALLOW_HTTP` "
+        "variable is not read) and has no setting for it, so the LitData processes add `allow_http` to "
+        "`litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS` when the endpoint is plain http. The endpoint "
+        "and keys go in `storage_options`; chunks are cached in a fresh directory per run, removed after it.",
+        "- **WebDataset** reads http URLs through `curl` (its `gopen`); moto refuses anonymous GETs, so the "
+        "shard URLs are presigned (boto3) when the loader is built. Its shard list is kept beside the shards "
+        "(`shards.json`), WebDataset having no index.",
+        "- **MosaicML Streaming** from S3 copies each shard into a local cache directory (fresh per run) and "
+        "reads it there; `S3_ENDPOINT_URL` names the endpoint.",
+    ]
+    return "\n".join(lines)
+

@@ -1,0 +1,42 @@
+"""The fixed figures of the comparison: the corpus, the block and batch every system delivers,
+the systems and ceilings, and the names the report gives them."""
+
+from __future__ import annotations
+
+import os
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+TOOLS = os.path.join(ROOT, "tools")
+ENTRY = os.path.join(TOOLS, "bench_peers.py")  # what a case's fresh process runs (``--child``)
+
+VOCAB = 50257
+EOS = 50256
+SEQ_LEN = 2048
+BLOCK = SEQ_LEN + 1  # the peers' block: 2048 inputs and the next token
+BATCH = 8
+SHARD_MIB = 16
+POSITIONS = (0.1, 0.5, 0.9)
+M = 1e6
+SYSTEMS = ("streamforge", "litdata-zstd", "litdata-raw", "mosaic", "webdataset")
+CEILINGS = ("memmap", "contract", "zstd")
+# streamforge at WebDataset's settings, for the memory comparison: a shuffle of about as many
+# tokens as WebDataset's 1000-block sample buffer (2048 documents of ~990 tokens against
+# 1000 x 2049) and a 4 MiB read-ahead; local disk, 0 workers only
+EQUAL = "streamforge-equal"
+EQUAL_SHUFFLE, EQUAL_READ_AHEAD = 2048, 4 << 20
+NAMES = {
+    "streamforge": "streamforge",
+    EQUAL: "streamforge at WebDataset's settings",
+    "litdata-zstd": "LitData, zstd chunks",
+    "litdata-raw": "LitData, uncompressed chunks",
+    "mosaic": "MosaicML Streaming (MDS)",
+    "webdataset": "WebDataset + torchdata StatefulDataLoader",
+    "memmap": "ceiling: packing a flat np.memmap",
+    "contract": "ceiling: the full batch contract from a flat np.memmap",
+    "zstd": "ceiling: raw zstd decoding of the shards",
+}
+PACKAGES = {"streamforge": None, "litdata-zstd": "litdata", "litdata-raw": "litdata",
+            "mosaic": "mosaicml-streaming", "webdataset": "webdataset"}
+CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+BUCKET = "peers"
+PEERS = tuple(s for s in SYSTEMS if s != "streamforge")
