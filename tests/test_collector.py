@@ -7,7 +7,7 @@ import pytest
 
 from helpers.pipeline import dataset, loader, make_corpus, take
 
-from streamforge import collector
+from streamforge.loader import collector
 from streamforge.pipeline.dataset import PackedTokenDataset, WorkerPipeline
 from streamforge.format.manifest import Manifest
 from streamforge.loader.loader import StreamingLoader

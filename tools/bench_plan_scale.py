@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from streamforge import elastic  # noqa: E402
+from streamforge.resume import elastic  # noqa: E402
 from streamforge.format.manifest import Manifest, shard_name  # noqa: E402
 from streamforge.planning.plan import trim_ranges  # noqa: E402
 from streamforge.planning.planner import Planner  # noqa: E402

@@ -1,9 +1,9 @@
 """What a reader refuses: checks of a manifest's shard table and of a shard's record index.
 
 A manifest and a shard index are file contents, so nothing in them is trusted. Each is checked
-once, when it is read, with a few vectorized numpy passes over its columns (a 100k-shard
-table: about 20 ms, a fraction of parsing its JSON; a 30k-record index: about 2 ms), never per
-record per batch. A failure names the stream, the shard and the field, and the record or frame
+once, when it is read, with a few vectorized numpy passes over its columns (for a manifest, a
+fraction of the cost of parsing its JSON; docs/format.md, "What a reader refuses", gives the
+cost), never per record per batch. A failure names the stream, the shard and the field, and the record or frame
 at fault: ``ManifestError`` for the manifest, ``ShardCorruptError`` for an index.
 
 The record index holds nothing the record lengths do not decide: the writer's layout

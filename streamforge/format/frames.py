@@ -64,7 +64,7 @@ def decode_frame(codec: str, buf, raw_size: int, decompressor) -> bytes:
     The decode is bounded before it starts. zstd allocates the content size a frame header
     declares, so a 16 KiB frame of zeros can take 512 MiB, or ask for 1 TiB: a header that
     declares another size than the index is refused without decoding (reading the header
-    costs well under a microsecond; decoding a 256 KiB frame, about a millisecond). A frame
+    costs a tiny fraction of decoding the frame). A frame
     that declares no size (ours always do) is decoded into at most ``raw_size`` bytes and
     refused where it needs more.
     """
@@ -108,8 +108,8 @@ class ShardIndex:
 
     @cached_property
     def first_records(self) -> np.ndarray:
-        """Each frame's first record, contiguous (a search in a structured array's field
-        copies it first: 80 us a call on a shard of a few frames)."""
+        """Each frame's first record, contiguous: a search in a structured array's field
+        would copy the field first, on every call."""
         return np.ascontiguousarray(self.frames["first_record"], dtype=np.int64)
 
     def frame_of_record(self, record: int | np.ndarray) -> np.ndarray | int:

@@ -74,7 +74,25 @@ class ShardInfo:
 
 @dataclass(frozen=True, eq=False)
 class Manifest:
-    """A stream's manifest: dtype, special tokens, shard table, totals, provenance."""
+    """A stream's manifest: dtype, special tokens, shard table, totals, provenance.
+
+    Built by ``Manifest.load`` (reading ``index.json``) or by a writer; docs/format.md lists
+    every field.
+
+    Args:
+        token_dtype: ``"uint16"`` or ``"uint32"``, the dtype of every token.
+        shard_names: each shard's file name, relative to the stream's prefix.
+        shard_sha256: each shard file's SHA-256, hex.
+        columns: the shard table's integer columns, int64 arrays of one entry per shard.
+        eos_id: the end-of-document token id, or None.
+        vocab_size: the vocabulary size, or None.
+        docs_end_with_eos: every document already ends with ``eos_id``.
+        conversion: how the stream was written (sizes, converter, source format...).
+        source_fingerprint: an identifier of the converter's input, or None.
+        compression: the frame codec of every shard: ``"zstd"`` or ``"none"`` (plain .tar).
+        tokenizer: the tokenizer of a stream converted from text, or None.
+        url: where it was loaded from; never part of the fingerprint.
+    """
 
     token_dtype: str
     shard_names: list[str]

@@ -273,6 +273,23 @@ class ShardWriter:
 
     >>> with ShardWriter("/tmp/stream", token_dtype="uint16", eos_id=0) as w:  # doctest: +SKIP
     ...     w.write(np.array([5, 6, 7]))
+
+    Args:
+        url: the stream's prefix (any fsspec URL); shards and ``index.json`` go under it.
+        token_dtype: ``"uint16"`` or ``"uint32"``, the dtype every token is stored in.
+        shard_size: uncompressed archive bytes per shard (an int or ``"64MiB"``); a record
+            larger than that gets a shard of its own.
+        frame_size: uncompressed bytes per zstd frame, cut at record boundaries.
+        compression_level: the zstd level.
+        compression: ``"zstd"`` (``.tar.zst`` shards) or ``"none"`` (plain ``.tar``).
+        eos_id: the end-of-document token id, if known.
+        vocab_size: the vocabulary size, if known; every token id must be below it.
+        docs_end_with_eos: every document already ends with ``eos_id``.
+        storage_options: passed to the filesystem of ``url``.
+        conversion: what the manifest's ``conversion`` records besides the writer's sizes.
+        source_fingerprint: an identifier of the input, so rewriting the same input over its
+            own stream is allowed (docs/format.md, "Atomicity and overwriting").
+        overwrite: replace a stream already at ``url`` that came from another input.
     """
 
     def __init__(

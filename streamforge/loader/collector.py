@@ -3,14 +3,13 @@
 Setting up a pass builds a few Python objects per shard: the manifest's columns, the plan's
 record ranges, the read-ahead's copy of a worker's ranges. Over a manifest of 100,000 shards
 that is hundreds of thousands of objects in a fraction of a second, and the collector answers
-allocation counts: before the first batch at 100,000 shards it ran about 290 collections of the
-young generations (20-30 ms) and one full collection of every object in the process, the
-trainer's and torch's included (0.12-0.15 s), where the work itself took 0.3 s. They find
-nothing: what is built is tuples and lists of numbers, which hold no cycles. Paused
-(``paused``: reading the manifests, building the plan and, in a loader without worker
-processes, its first batch), the collector resumes as it was once the set-up is done: one
-young-generation collection then (about 14 ms there) finds the tuples of numbers and stops
-tracking them, so no full collection is owed for them later in the pass.
+allocation counts: hundreds of collections of the young generations and a full collection of
+every object in the process, the trainer's and torch's included, a large share of the set-up's
+time (docs/design.md, "A manifest of many shards"). They find nothing: what is built is tuples
+and lists of numbers, which hold no cycles. Paused (``paused``: reading the manifests, building
+the plan and, in a loader without worker processes, its first batch), the collector resumes as
+it was once the set-up is done: one young-generation collection then finds the tuples of
+numbers and stops tracking them, so no full collection is owed for them later in the pass.
 """
 
 from __future__ import annotations

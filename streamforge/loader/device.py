@@ -20,9 +20,8 @@ worker state that produced it) and the trainer:
 current stream). On CPU a depth > 0 still runs: the expand (and, with ``num_workers=0``, the
 whole pipeline: reading, decompressing, packing) moves off the training thread. Those parts
 spend their time in zstd, numpy and torch, which release the GIL, so a trainer that waits on
-its device (or sleeps) overlaps with them. Measured on 2 CPU cores (``tools/bench_stall.py``,
-docs/cuda.md): at 20 ms steps from local disk the trainer waits 9.2% of the time with 0
-workers and 4.5% with 2 workers, but 0.81% and 0.67% with ``depth=2`` (0.93% from S3).
+its device (or sleeps) overlaps with them, and the trainer waits far less for its batches
+(docs/cuda.md and docs/benchmarks.md give the stall ``tools/bench_stall.py`` measures).
 
 Costs: one thread, ``depth`` extra batches of (pinned) host and device memory, one event per
 batch. Storage counters read with ``num_workers=0`` and ``depth > 0`` may include the batches
@@ -70,7 +69,13 @@ class _Failure:
 
 
 class Taken:
-    """A raw item as ``take()`` gives it, with its batch being prepared (``payload``)."""
+    """A raw item as ``take()`` gives it, with its batch being prepared (``payload``).
+
+    Args:
+        item: the raw item, unchanged.
+        payload: what ``hand_out`` makes the batch from: the item's rows with ``depth=0``,
+            else the prepared batch and the copy's event (None off CUDA).
+    """
 
     __slots__ = ("item", "payload")
 
@@ -95,6 +100,12 @@ class DeviceFeed:
     CUDA with ``depth > 0`` it runs under the side stream, so its copies are issued there.
     With ``depth > 0``, ``take`` is one call into the hand-off: the training thread runs as
     little code as possible between two steps.
+
+    Args:
+        prepare: makes a raw item's batch from its rows (expand, pin, copy).
+        device: where the batches go; a CUDA device gets the side stream and its events.
+        depth: prepared batches in flight; 0 prepares each one on the training thread
+            (``check_depth``).
     """
 
     def __init__(self, prepare: Callable[[Any], Batch], device: torch.device, depth: int) -> None:

@@ -15,20 +15,18 @@ that uses it) and the message carries where they are; the main process copies ou
 piece columns, reads the tokens where they lie (they are read once, by ``expand``) and
 acknowledges the slot once it has handed on the message's last batch. The pipe then carries
 about 1 KB per batch instead of the batch's tokens, and a message costs no shared-memory
-hand-over of its own (about 4 ms each, as a shared tensor per message was measured to
-cost). A message is written field by field (each field of all its batches end to end), so
+hand-over of its own (a shared tensor per message would cost one each; docs/design.md gives
+the figure). A message is written field by field (each field of all its batches end to end), so
 shipping and receiving it costs a copy per field, not per array; the tokens, the largest
 field, are built in the slot in the first place where it is free (``_Ring.tokens_out``). A
 worker's first message, and one that cannot get a slot in time, travel whole, pickled.
 
 At the end of a pass the workers are stopped and joined on a thread of their own
-(``_exit_in_background``): a worker process takes 10-15 ms to exit, which the pass no longer
-waits for.
+(``_exit_in_background``), so the pass does not wait for the processes to exit.
 
-Threads instead of processes were measured and lose on this kind of machine: two pipelines
-on threads of one process ran at 27M tokens/s against 36-48M for two processes and about
-90M for the pipeline on one thread (20M-token pass, 2 cores): the pipelines' Python parts
-contend for the GIL, and the fetch threads wait on it after each decode.
+Workers are processes, not threads: pipelines on threads of one process contend for the GIL
+in their Python parts, and their fetch threads wait on it after each decode, so on a machine
+of few cores they run slower than processes (docs/design.md, "Exact resume", has the figures).
 """
 
 from __future__ import annotations
@@ -57,11 +55,17 @@ from ..pipeline.dataset import PackedTokenDataset
 class WorkerBatch:
     """One batch a logical worker built, with what the loader keeps of it.
 
-    ``state`` is the worker's pipeline state right after this batch (what a resume restores
-    it from); ``stats`` and ``skipped`` its storage counters and skipped records where the
-    worker sent them (with the first batch of each message from a worker process); ``tally``
-    the batch's counts, added by the loader where it prepares the batch. ``end`` marks a
-    worker whose share is done (no ``rows``)."""
+    Args:
+        logical: the logical worker that built it.
+        step: its global step (None for an end marker).
+        rows: the compact batch (None for an end marker).
+        state: the worker's pipeline state right after this batch (what a resume restores
+            it from).
+        stats, skipped: the worker's storage counters and skipped records, where the worker
+            sent them (with the first batch of each message from a worker process).
+        tally: the batch's counts, added by the loader where it prepares the batch.
+        end: marks a worker whose share is done (no ``rows``).
+    """
 
     logical: int
     step: int | None
@@ -118,20 +122,19 @@ def _start_workers(loader: DataLoader):
 
     A forked worker starts with every object the trainer had. Its first collection of the
     oldest generation (due within milliseconds when the trainer's was due) walks them all and
-    writes to their pages, copying each page it shares with the trainer: 90-110 ms per worker
-    before its first batch, and a fifth of the workers' CPU time in a pass of 2 workers over
-    the 50M-token corpus. Those objects are never garbage in a worker, so they are frozen
-    (``gc.freeze``) while the workers are forked: the workers keep them frozen, and this
-    process gets them back as they were. A trainer that froze objects itself is left alone.
-    The young generations are collected first (under 0.1 ms): unfreezing hands every frozen
-    object back in the oldest generation, without counting it towards that generation's next
-    collection, so cyclic garbage frozen young (the head start's pipeline, ``ShardSource`` and
-    ``ReadAhead`` referring to each other) would be kept for good: 0.34 MiB a pass over the
-    50M-token corpus (``tools/soak_memory.py``).
+    writes to their pages, copying each page it shares with the trainer, which delays its
+    first batch and costs CPU time through the pass (docs/design.md). Those objects are never
+    garbage in a worker, so they are frozen (``gc.freeze``) while the workers are forked: the
+    workers keep them frozen, and this process gets them back as they were. A trainer that
+    froze objects itself is left alone. The young generations are collected first (a cheap
+    collection): unfreezing hands every frozen object back in the oldest generation, without
+    counting it towards that generation's next collection, so cyclic garbage frozen young
+    (the head start's pipeline, ``ShardSource`` and ``ReadAhead`` referring to each other)
+    would be kept for good, and memory would grow every pass (``tools/soak_memory.py`` checks it does not).
 
     Torch seeds numpy's global generator in each worker it starts, and numpy imports
-    ``numpy.random`` on first use: 12-15 ms of each worker's start on a 2-core machine, against
-    about 5 ms once here, before the fork, so that the workers inherit it.
+    ``numpy.random`` on first use, a sizeable part of each worker's start; it is imported
+    once here, before the fork, so that the workers inherit it.
     """
     import numpy.random  # noqa: F401
 
@@ -305,8 +308,8 @@ def _in_place(arrays: list[np.ndarray], out: np.ndarray) -> bool:
 def _shared_bytes(nbytes: int) -> torch.Tensor:
     """``nbytes`` of zeroed shared memory, made shared where they are allocated: building the
     tensor and then sharing it (``share_memory_``) zero-fills it and copies it into a new
-    segment, 6-16 ms for a 6 MiB ring against 1.6-3.5 ms, on the worker's way to its
-    second message. A new segment reads as zeros."""
+    segment, several times slower than allocating the segment directly, on the worker's way
+    to its second message. A new segment reads as zeros."""
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if new_shared is None:  # a torch without it
         return torch.zeros(nbytes, dtype=torch.uint8).share_memory_()
@@ -323,8 +326,7 @@ class _Rings:
     once, into the batch's own tensors), its piece columns views of one private copy (the
     ledger keeps them); the caller calls the release once the batches' tokens were read, and
     the worker may then write the slot again. Reading the tokens in place saves copying every
-    token once more in the main process: 60 ms of its 0.59 s in a 2-worker pass over the
-    50M-token corpus of ``tools/bench_peers.py``."""
+    token once more in the main process (docs/design.md gives the share of a pass)."""
 
     def __init__(self) -> None:
         self.memory: dict[int, np.ndarray] = {}
@@ -429,10 +431,9 @@ _exits: set[threading.Thread] = set()
 
 def _exit_in_background(iterator) -> None:
     """Stop ``iterator``'s workers and join them on a thread of their own, so the pass ends
-    without waiting for them: a worker process takes 10-15 ms to exit (the kernel tears down
-    its copy of the trainer's address space), about 3% of a 2-worker pass over the 50M-token
-    corpus of ``tools/bench_peers.py``. The next iteration joins the thread before it forks
-    (``_join_exits``), and so does the interpreter before it exits."""
+    without waiting for them: a worker process takes milliseconds to exit (the kernel tears
+    down its copy of the trainer's address space). The next iteration joins the thread
+    before it forks (``_join_exits``), and so does the interpreter before it exits."""
 
     def run() -> None:
         try:

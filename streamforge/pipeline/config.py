@@ -22,6 +22,13 @@ class Stream:
 
     The name (default: ``stream<i>``, its position) keys seeds and state; the URL never
     does, so the same corpus copied elsewhere gives the same batches.
+
+    Args:
+        url: the stream's prefix (any fsspec URL holding its ``index.json``).
+        weight: its share of the mixture's tokens, before any schedule.
+        name: the stable name; None takes ``stream<i>``.
+        storage_options: passed to the stream's filesystem (credentials, endpoint...);
+            never printed.
     """
 
     url: str
@@ -78,7 +85,8 @@ class PipelineConfig:
 
 def whole(name: str, value: Any, minimum: int) -> int:
     """``value`` as an int, refused with ``ConfigError`` unless it is a whole number (not a
-    bool, a float or a string: ``1.5`` once became ``1`` silently) and at least ``minimum``."""
+    bool, a float or a string, so ``1.5`` never becomes ``1`` silently) and at least
+    ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ConfigError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
     if value < minimum:

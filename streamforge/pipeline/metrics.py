@@ -32,6 +32,10 @@ class StreamLoss:
         metric.compute()   # {"web": 2.91, "code": 1.78, "all": 2.47}; every rank must call it
 
     Sums are kept in float64 on the device of the first loss seen.
+
+    Args:
+        names: the stream names in stream order, or a dataset or loader to take them from;
+            none may be ``"all"``, which names the overall mean.
     """
 
     def __init__(self, names: Sequence[str] | Any) -> None:

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
@@ -16,10 +16,25 @@ from ..planning.plan import PassPlan
 from ..planning.planner import worker_work
 from ..stages.base import check_state
 from ..stages.interleave import Interleaver
-from ..stages.pack import Packer
+from ..stages.pack import Packer, PackerState
 from ..stages.read import ShardReader
-from ..stages.shuffle import ShuffleBuffer
+from ..stages.shuffle import ShuffleBuffer, ShuffleState
 from .batch import RowBatch, pad_to_rows
+
+
+class WorkerState(TypedDict):
+    """A saved ``WorkerPipeline``: the ``batches`` it built in its pass and its packer's state,
+    which nests the interleaver's and, in it, one shuffle buffer's per stream::
+
+        {"batches": n, "packer": {"source": {..., "sources": [{"reader": {...}, ...}, ...]}, ...}}
+    """
+
+    batches: int
+    packer: PackerState
+
+
+STATE_KEYS: tuple[str, ...] = tuple(WorkerState.__annotations__)  # the keys of a saved state
+
 
 class WorkerPipeline:
     """The stages of one global worker, with their joint state, on the job clock.
@@ -98,17 +113,17 @@ class WorkerPipeline:
         self.batches += 1
         return rows
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> WorkerState:
         return {"batches": self.batches, "packer": self.packer.state_dict()}
 
-    def check_state(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: WorkerState) -> None:
         """Raise ``ResumeMismatchError`` naming the stage and value a state gets wrong
         (reads record indexes, never tokens; leaves this pipeline unusable)."""
         self._check_own(state)
         self.packer.check_state(state["packer"])
 
-    def _check_own(self, state: dict[str, Any]) -> None:
-        check_state(state, ("batches", "packer"), "WorkerPipeline")
+    def _check_own(self, state: WorkerState) -> None:
+        check_state(state, STATE_KEYS, "WorkerPipeline")
         batches = int(state["batches"])
         if batches < 0 or (self.quota is not None and batches > self.quota):
             raise ResumeMismatchError(
@@ -116,15 +131,16 @@ class WorkerPipeline:
                 f"0..{self.quota} of this pass"
             )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: WorkerState) -> None:
         self._check_own(state)
         self.batches = int(state["batches"])
         self.packer.load_state_dict(state["packer"])
 
     @staticmethod
-    def stream_states(state: dict[str, Any]) -> list[dict[str, Any]]:
-        """Each stream's shuffle-buffer state nested in a saved pipeline state."""
-        check_state(state, ("batches", "packer"), "WorkerPipeline")
+    def stream_states(state: WorkerState) -> list[ShuffleState]:
+        """Each stream's shuffle-buffer state nested in a saved pipeline state (the one walk
+        down the nesting: read a stream's cursor from it with ``ShuffleBuffer.saved_cursor``)."""
+        check_state(state, STATE_KEYS, "WorkerPipeline")
         return Interleaver.source_states(Packer.source_state(state["packer"]))
 
     def seek(self, positions: Sequence[tuple[int, int]]) -> None:

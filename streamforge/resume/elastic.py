@@ -34,7 +34,7 @@ from ..pipeline.dataset import WorkerPipeline
 from ..planning.plan import PassPlan, Range, steps_for, worker_rows
 from ..planning.planner import worker_work
 from .probes import buffer_work_left
-from .state import order_config
+from .state import order_config, saved_workers
 
 # {"pass": p, "streams": [{"ranges": [[s, a, b], ...],
 #                          "windows": [{"ranges", "key", "pos", "offset", "tokens", "docs"}, ...]}, ...]}
@@ -44,27 +44,24 @@ Work = dict[str, Any]
 def work_left(dataset, state: dict[str, Any]) -> Work:
     """What the saved job had not handed out in its current pass (see the module docstring)."""
     saved_g = int(state["world_size"]) * int(state["workers_per_rank"])
-    saved_w = int(state["workers_per_rank"])
     pass_idx = int(state["pass"])
     previous = (state.get("remaining") or {}).get("work")
     assigned = assign_work(dataset, previous, saved_g) if previous else None
     streams = [{"ranges": [], "windows": []} for _ in dataset.streams]
-    for part in state["ranks"]:
-        for w, worker_state in enumerate(part["workers"]):
-            g = int(part["rank"]) * saved_w + w
-            buffers = _probe_buffers(dataset, pass_idx, saved_g, g, assigned, int(state["generation"]))
-            if worker_state is None:  # nothing handed out: all of its work is left
-                for i, buffer in enumerate(buffers):
-                    streams[i]["ranges"] += [list(r) for r in buffer.source.ranges_for(pass_idx)]
-                    streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
-                continue
+    for g, worker_state in saved_workers(state):  # every rank's part: elastic_blockers refuses a missing one
+        buffers = _probe_buffers(dataset, pass_idx, saved_g, g, assigned, int(state["generation"]))
+        if worker_state is None:  # nothing handed out: all of its work is left
+            for i, buffer in enumerate(buffers):
+                streams[i]["ranges"] += [list(r) for r in buffer.source.ranges_for(pass_idx)]
+                streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
+            continue
 
-            for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
-                p, ranges, units = buffer_work_left(buffer, stream_state)
-                if p != pass_idx:  # a finite reader never leaves its pass
-                    continue
-                streams[i]["ranges"] += [list(r) for r in ranges]
-                streams[i]["windows"] += units
+        for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
+            p, ranges, units = buffer_work_left(buffer, stream_state)
+            if p != pass_idx:  # a finite reader never leaves its pass
+                continue
+            streams[i]["ranges"] += [list(r) for r in ranges]
+            streams[i]["windows"] += units
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
         s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))

@@ -11,34 +11,32 @@ here, as functions over a stage's saved state and its public methods:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from ..planning.plan import Range
-from ..stages.base import check_state
-from ..stages.read import STATE_KEYS as READER_KEYS
-from ..stages.shuffle import STATE_KEYS as BUFFER_KEYS
-from ..stages.shuffle import ShuffleBuffer
+from ..stages.read import ReaderState, ShardReader
+from ..stages.shuffle import ShuffleBuffer, ShuffleState
 from ..stages.window_order import window_order
 
 
-def reader_position(state: dict[str, Any], ranges: list[Range]) -> int:
+def reader_position(state: ReaderState, ranges: list[Range]) -> int:
     """Records of ``ranges`` before the saved ``ShardReader`` cursor ``state``."""
-    check_state(state, READER_KEYS, "ShardReader")
-    done = ranges[: int(state["range"])]
-    return sum(b - a for _, a, b in done) + int(state["offset"])
+    cursor = ShardReader.saved_cursor(state)
+    done = ranges[: cursor.range_idx]
+    return sum(b - a for _, a, b in done) + cursor.offset
 
 
-def buffer_position(state: dict[str, Any], ranges_for: Callable[[int], list[Range]]) -> tuple[int, int]:
+def buffer_position(state: ShuffleState, ranges_for: Callable[[int], list[Range]]) -> tuple[int, int]:
     """(pass, records handed on) of a saved ``ShuffleBuffer`` state: the reader cursor at the
     window start plus the documents of the window already emitted (the window's empty records
     are not counted there, so this is approximate by at most those)."""
-    check_state(state, BUFFER_KEYS, "ShuffleBuffer")
-    pass_idx = int(state["reader"]["pass"])
-    records = reader_position(state["reader"], ranges_for(pass_idx))
-    return pass_idx, records + (int(state["pos"]) if state["loaded"] else 0)
+    cursor = ShuffleBuffer.saved_cursor(state)
+    pass_idx = ShardReader.saved_cursor(cursor.reader).pass_idx
+    records = reader_position(cursor.reader, ranges_for(pass_idx))
+    return pass_idx, records + (cursor.pos if cursor.loaded else 0)
 
 
-def buffer_work_left(buffer: ShuffleBuffer, state: dict[str, Any]) -> tuple[int, list, list[dict]]:
+def buffer_work_left(buffer: ShuffleBuffer, state: ShuffleState) -> tuple[int, list, list[dict]]:
     """What the worker of a saved ``ShuffleBuffer`` state had not handed on, from record
     indexes only: (pass, record ranges not yet read, windows' rests ``{"ranges", "key", "pos",
     "offset", "tokens", "docs"}``: its current window's and those of its saved windows not yet
@@ -49,7 +47,8 @@ def buffer_work_left(buffer: ShuffleBuffer, state: dict[str, Any]) -> tuple[int,
     buffer.check_state(state)
     reader = buffer.source
     pass_idx = reader.pass_idx
-    loaded, pos, offset = bool(state["loaded"]), int(state["pos"]), int(state["token_offset"])
+    cursor = ShuffleBuffer.saved_cursor(state)
+    loaded, pos, offset = cursor.loaded, cursor.pos, cursor.token_offset
     units: list[dict] = []
     if buffer.window_idx < 0:
         for window in range(buffer.window_idx, 0):

@@ -214,6 +214,15 @@ def saved_ranks(state: dict[str, Any]) -> list[int]:
     return [r for r, part in enumerate(state["ranks"]) if part is not None]
 
 
+def saved_workers(state: dict[str, Any]) -> list[tuple[int, dict[str, Any] | None]]:
+    """(global worker, its saved ``WorkerPipeline`` state or None) for every worker of the
+    ranks whose parts a global state holds, by rank then worker: the one walk over the
+    saved workers (read each one's streams with ``WorkerPipeline.stream_states``)."""
+    per_rank = int(state["workers_per_rank"])
+    return [(int(part["rank"]) * per_rank + w, worker_state) for part in state["ranks"] if part is not None
+            for w, worker_state in enumerate(part["workers"])]
+
+
 def merge_states(states: Sequence[Any]) -> dict[str, Any]:
     """One loader state from the states of the job's ranks, each holding its own part
     (states saved without a process group); raises naming what disagrees."""

@@ -2,7 +2,8 @@
 
 When the topology or the corpus changed, saved cursors point into a plan that no longer
 exists. We measure, from the saved workers' states of every rank the global state holds (read
-through ``WorkerPipeline.stream_states`` and ``probes.buffer_position``, never by hand), how
+through ``state.saved_workers``, ``WorkerPipeline.stream_states`` and the stages'
+``saved_cursor`` accessors, as in ``probes.buffer_position``, never by hand), how
 far each stream's pass had gone (records handed on / records assigned, on the saved plan), and
 start every new worker that same fraction into its ranges of the new plan for the same pass
 (``WorkerPipeline.seek``). The report lists what that approximates.
@@ -13,10 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..pipeline.dataset import WorkerPipeline
+from ..pipeline.worker import WorkerState
 from ..planning.plan import records_at, trim_ranges
+from ..stages.read import ShardReader
+from ..stages.shuffle import ShuffleBuffer
 from ..stages.window_order import window_size
 from .probes import buffer_position, reader_position
-from .state import config_value
+from .state import config_value, saved_ranks, saved_workers
 
 
 def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, float]], list[str]]:
@@ -25,9 +29,8 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
     config = saved["config"]
     saved_streams = {s["name"]: (i, s) for i, s in enumerate(config.get("streams", []))}
     saved_world, saved_w = int(saved["world_size"]), int(saved["workers_per_rank"])
-    parts = [p for p in saved["ranks"] if p is not None]
-    have = [int(p["rank"]) for p in parts]
-    workers = [(int(p["rank"]) * saved_w + w, state) for p in parts for w, state in enumerate(p["workers"])]
+    have = saved_ranks(saved)
+    workers = saved_workers(saved)
     pass_idx = int(saved["pass"])
     planner = dataset.planner
     notes: list[str] = []
@@ -71,7 +74,7 @@ def stream_positions(dataset, saved: dict[str, Any]) -> tuple[list[tuple[int, fl
     return out, notes
 
 
-def statistical_worker_states(dataset, positions, num_logical: int) -> list[dict[str, Any]]:
+def statistical_worker_states(dataset, positions, num_logical: int) -> list[WorkerState]:
     """A fresh state for each of this rank's ``num_logical`` workers, each stream
     ``fraction`` of the way into the worker's ranges of its pass."""
     states = []
@@ -103,9 +106,7 @@ def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: i
     ``|(O + U) - N|``; never read: at most ``|N - O|``.
     """
     saved_g = int(saved["world_size"]) * int(saved["workers_per_rank"])
-    saved_w = int(saved["workers_per_rank"])
-    states = {int(p["rank"]) * saved_w + w: s for p in saved["ranks"] if p is not None
-              for w, s in enumerate(p["workers"])}
+    states = dict(saved_workers(saved))
     if (saved.get("remaining") or {}).get("work"):
         return [None] * len(dataset.streams)
     names = {s["name"]: j for j, s in enumerate(saved["config"].get("streams", []))}
@@ -129,14 +130,14 @@ def statistical_bounds(dataset, saved: dict[str, Any], positions, num_logical: i
                 continue
             if state is None:
                 continue
-            buffer = WorkerPipeline.stream_states(state)[j]
-            if int(buffer["reader"]["pass"]) != pass_idx:
+            buffer = ShuffleBuffer.saved_cursor(WorkerPipeline.stream_states(state)[j])
+            if ShardReader.saved_cursor(buffer.reader).pass_idx != pass_idx:
                 certain += ranges  # that worker's stream had finished this pass
                 continue
-            before = reader_position(buffer["reader"], ranges)
+            before = reader_position(buffer.reader, ranges)
             certain += _prefix(ranges, before)
-            if buffer["loaded"]:
-                maybe += _prefix(trim_ranges(ranges, before), window_size(size, warmup, int(buffer["window"])))
+            if buffer.loaded:
+                maybe += _prefix(trim_ranges(ranges, before), window_size(size, warmup, buffer.window))
         skipped = []
         for h in range(new_g):
             ranges = planner.worker_ranges(i, pass_idx, new_g, h)

@@ -54,7 +54,11 @@ def _quietly(fn, *args) -> None:
 
 
 class ReadAhead:
-    """Plan and prefetch for one ``FrameSource`` (a ``ShardSource``); created afresh in each reading process."""
+    """Plan and prefetch for one ``FrameSource`` (a ``ShardSource``); created afresh in each reading process.
+
+    Args:
+        source: the frames' source: its record indexes and its ranged frame reads.
+    """
 
     def __init__(self, source: FrameSource) -> None:
         self.source = source
@@ -299,8 +303,9 @@ class ReadAhead:
     def _plan_pos(self, shard: int, start: int) -> int | None:
         """Index of the planned range holding record ``start`` of ``shard`` (searching forward).
         Reads follow the plan, so it is found within a few ranges of the cursor; the plan's
-        ranges of each shard are indexed only for a read that is not (a plan of 100,000
-        ranges took 0.1 s to index)."""
+        ranges of each shard are indexed only for a read that is not, since indexing a plan
+        of a range a shard costs a pass over every range (docs/design.md, "A manifest of many
+        shards")."""
         plan = self._plan
         for j in range(self._plan_cursor, min(self._plan_cursor + _NEAR, len(plan))):
             s, a, b = plan[j]

@@ -34,6 +34,14 @@ class ShardSource:
 
     Picklable before and after use: threads, the prefetch buffer and filesystem handles are
     created lazily in the process that reads.
+
+    Args:
+        manifest: the stream's manifest (its shards, sizes and digests).
+        fetcher: the ranged reads of the stream's files (``ByteFetcher``).
+        config: storage settings (default ``StorageConfig()``): read-ahead, cache, checks,
+            what to do with damaged data.
+        read_share: this stream's share (0..1] of its pipeline's read-ahead
+            (``StorageConfig.stream_read_ahead``).
     """
 
     def __init__(

@@ -19,7 +19,7 @@ deficit accumulated under the old weights.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence, TypedDict
 
 import numpy as np
 
@@ -27,9 +27,20 @@ from ..errors import ConfigError, ResumeMismatchError
 from ..planning.schedule import MixtureSchedule
 from .base import check_state
 from .runs import DocRun
-from .shuffle import ShuffleBuffer
+from .shuffle import ShuffleBuffer, ShuffleState
 
-_KEYS = ("emitted", "current", "phase", "sources")
+
+class InterleaverState(TypedDict):
+    """A saved ``Interleaver``: tokens ``emitted`` per stream, the ``current`` stream (-1:
+    none), the schedule ``phase``, and one ``ShuffleBuffer`` state per stream (``sources``)."""
+
+    emitted: list[int]
+    current: int
+    phase: int
+    sources: list[ShuffleState]
+
+
+STATE_KEYS: tuple[str, ...] = tuple(InterleaverState.__annotations__)  # the keys of a saved state
 _LOOKAHEAD = 64  # documents after its current one a stream shows a schedule (a longer run is just split)
 _STRETCH = 1 << 62  # budget of a stretch of the schedule: every document the streams' windows show
 _NONE = np.zeros(0, np.int64)
@@ -369,12 +380,12 @@ class Interleaver:
             source.close()
 
     @staticmethod
-    def source_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+    def source_states(state: InterleaverState) -> list[ShuffleState]:
         """The per-stream states nested in a saved state."""
-        check_state(state, _KEYS, "Interleaver")
+        check_state(state, STATE_KEYS, "Interleaver")
         return list(state["sources"])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> InterleaverState:
         return {
             "emitted": list(self.emitted),
             "current": self.current,
@@ -382,14 +393,14 @@ class Interleaver:
             "sources": [s.state_dict() for s in self.sources],
         }
 
-    def check_state(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: InterleaverState) -> None:
         """Validate ``state`` and every stream's nested state (see ``ShuffleBuffer.check_state``)."""
         self._check_own(state)
         for source, sub in zip(self.sources, state["sources"]):
             source.check_state(sub)
 
-    def _check_own(self, state: dict[str, Any]) -> None:
-        check_state(state, _KEYS, "Interleaver")
+    def _check_own(self, state: InterleaverState) -> None:
+        check_state(state, STATE_KEYS, "Interleaver")
         n = len(self.sources)
         if len(state["sources"]) != n or len(state["emitted"]) != n:
             raise ResumeMismatchError(
@@ -403,7 +414,7 @@ class Interleaver:
         if any(int(x) < 0 for x in state["emitted"]):
             raise ResumeMismatchError(f"Interleaver: negative emitted tokens {state['emitted']}")
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: InterleaverState) -> None:
         self._check_own(state)
         n = len(self.sources)
         phase, current = int(state["phase"]), int(state["current"])

@@ -18,17 +18,30 @@ Modes:
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
 from ..pipeline.batch import RowBatch, padding_rows
 from ..errors import ConfigError, ResumeMismatchError
 from .base import check_state
-from .interleave import Interleaver
+from .interleave import Interleaver, InterleaverState
 
 _BIG = 1 << 62
 MODES = ("concat", "bestfit", "pad")
+
+
+class PackerState(TypedDict):
+    """A saved ``Packer``: the interleaver's state (``source``), at the start of the bestfit
+    window when ``window`` is true, with ``rows_emitted`` of that window's rows handed out
+    (``window`` None and ``rows_emitted`` 0 otherwise)."""
+
+    source: InterleaverState
+    window: bool | None
+    rows_emitted: int
+
+
+STATE_KEYS: tuple[str, ...] = tuple(PackerState.__annotations__)  # the keys of a saved state
 
 
 class _Rows:
@@ -135,7 +148,7 @@ class Packer:
         self.bestfit_window = bestfit_window
         self.truncated_tokens = 0
         # bestfit window: rows built from the documents taken since ``_window_start``
-        self._window_start: dict | None = None
+        self._window_start: InterleaverState | None = None
         self._window_rows: list | None = None
         self._rows_emitted = 0
 
@@ -293,25 +306,25 @@ class Packer:
     def close(self) -> None:
         self.source.close()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> PackerState:
         if self.mode != "bestfit" or self._window_rows is None or self._rows_emitted == len(self._window_rows):
             return {"source": self.source.state_dict(), "window": None, "rows_emitted": 0}
         return {"source": self._window_start, "window": True, "rows_emitted": self._rows_emitted}
 
     @staticmethod
-    def source_state(state: dict[str, Any]) -> dict[str, Any]:
+    def source_state(state: PackerState) -> InterleaverState:
         """The interleaver state nested in a saved state (at the bestfit window start)."""
-        check_state(state, ("source", "window", "rows_emitted"), "Packer")
+        check_state(state, STATE_KEYS, "Packer")
         return state["source"]
 
-    def check_state(self, state: dict[str, Any]) -> None:
-        check_state(state, ("source", "window", "rows_emitted"), "Packer")
+    def check_state(self, state: PackerState) -> None:
+        check_state(state, STATE_KEYS, "Packer")
         if int(state["rows_emitted"]) < 0:
             raise ResumeMismatchError(f"Packer: rows_emitted {state['rows_emitted']} is negative")
         self.source.check_state(state["source"])
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, ("source", "window", "rows_emitted"), "Packer")
+    def load_state_dict(self, state: PackerState) -> None:
+        check_state(state, STATE_KEYS, "Packer")
         self.source.load_state_dict(state["source"])
         self._window_rows = None
         self._rows_emitted = 0

@@ -9,7 +9,7 @@ the next pass by itself.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, NamedTuple, TypedDict
 
 from ..errors import ResumeMismatchError
 from ..format.manifest import Manifest
@@ -18,7 +18,18 @@ from ..source import ShardSource
 from ..planning.plan import Range
 from .base import check_state
 
-STATE_KEYS = ("pass", "range", "offset")  # the keys of a saved state
+# A saved ShardReader cursor: the next record is ``offset`` records into range ``range`` of the
+# worker's plan for pass ``pass`` (functional form: ``pass`` is a Python keyword).
+ReaderState = TypedDict("ReaderState", {"pass": int, "range": int, "offset": int})
+STATE_KEYS: tuple[str, ...] = tuple(ReaderState.__annotations__)  # the keys of a saved state
+
+
+class ReaderCursor(NamedTuple):
+    """A saved ``ShardReader`` cursor, read by ``ShardReader.saved_cursor``."""
+
+    pass_idx: int
+    range_idx: int
+    offset: int
 
 
 class ShardReader:
@@ -143,13 +154,19 @@ class ShardReader:
         self._announced = False
 
     # -- state -----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> ReaderState:
         return {"pass": self.pass_idx, "range": self.range_idx, "offset": self.offset}
 
-    def check_state(self, state: dict[str, Any]) -> tuple[int, int, int]:
-        """The cursor of ``state``, or ``ResumeMismatchError`` naming what is out of range."""
+    @staticmethod
+    def saved_cursor(state: ReaderState) -> ReaderCursor:
+        """The (pass, range, offset) of a saved state, without checking them against a plan;
+        ``ResumeMismatchError`` if it lacks a key."""
         check_state(state, STATE_KEYS, "ShardReader")
-        pass_idx, range_idx, offset = (int(state[k]) for k in STATE_KEYS)
+        return ReaderCursor(*(int(state[k]) for k in STATE_KEYS))  # type: ignore[literal-required]
+
+    def check_state(self, state: ReaderState) -> ReaderCursor:
+        """The cursor of ``state``, or ``ResumeMismatchError`` naming what is out of range."""
+        pass_idx, range_idx, offset = cursor = self.saved_cursor(state)
         where = f"ShardReader({self.stream_key})"
         if pass_idx < 0:
             raise ResumeMismatchError(f"{where}: pass {pass_idx} is negative")
@@ -163,9 +180,9 @@ class ShardReader:
             raise ResumeMismatchError(
                 f"{where}: offset {offset} is outside range {range_idx} ({size} records) of pass {pass_idx}"
             )
-        return pass_idx, range_idx, offset
+        return cursor
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: ReaderState) -> None:
         self._set_cursor(*self.check_state(state))
 
     def unread(self) -> list[Range]:

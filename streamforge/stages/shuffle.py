@@ -31,13 +31,13 @@ its key, the first ``pos`` documents skipped, ``offset`` tokens into the next on
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, NamedTuple, TypedDict
 
 import numpy as np
 
 from ..errors import ConfigError, ResumeMismatchError
 from .base import check_state
-from .read import ShardReader
+from .read import ReaderState, ShardReader
 from .runs import DocRun
 from .window import Window
 from .window_order import window_key, window_order, window_size
@@ -49,7 +49,32 @@ from .window_order import window_records as _window_records  # noqa: E402, F401
 
 __all__ = ["DocRun", "ShuffleBuffer", "window_size"]
 
-STATE_KEYS = ("reader", "window", "loaded", "pos", "token_offset")  # the keys of a saved state
+
+
+class ShuffleState(TypedDict):
+    """A saved ``ShuffleBuffer`` cursor: the reader's cursor at the start of window ``window``,
+    and, when that window is ``loaded``, the document ``pos`` of its order and ``token_offset``
+    tokens into it."""
+
+    reader: ReaderState
+    window: int
+    loaded: bool
+    pos: int
+    token_offset: int
+
+
+STATE_KEYS: tuple[str, ...] = tuple(ShuffleState.__annotations__)  # the keys of a saved state
+
+
+class BufferCursor(NamedTuple):
+    """A saved ``ShuffleBuffer`` cursor, read by ``ShuffleBuffer.saved_cursor``."""
+
+    reader: ReaderState
+    window: int
+    loaded: bool
+    pos: int
+    token_offset: int
+
 _EMPTY = np.zeros(0, np.uint8)  # a record the source skipped as damaged
 _WHOLE = 1 << 62  # a token budget no document reaches
 
@@ -103,7 +128,7 @@ class ShuffleBuffer:
         self.eos_id = eos_id
         self.windows_for = windows_for or (lambda pass_idx: [])
         self.generation = int(generation)
-        self._window_start = source.state_dict()
+        self._window_start: ReaderState = source.state_dict()
         self.window_idx = self._first_window(source.pass_idx)  # within the pass: loaded or next
         self._clear()
 
@@ -329,16 +354,24 @@ class ShuffleBuffer:
         self._clear()
         self.source.close()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> ShuffleState:
         return {
-            "reader": dict(self._window_start),
+            "reader": self._window_start.copy(),
             "window": self.window_idx,
             "loaded": self.loaded,
             "pos": self.pos,
             "token_offset": self.token_offset,
         }
 
-    def check_state(self, state: dict[str, Any]) -> None:
+    @staticmethod
+    def saved_cursor(state: ShuffleState) -> BufferCursor:
+        """The fields of a saved state, as ints and a bool (the reader's cursor as saved, see
+        ``ShardReader.saved_cursor``); ``ResumeMismatchError`` if it lacks a key."""
+        check_state(state, STATE_KEYS, "ShuffleBuffer")
+        return BufferCursor(state["reader"], int(state["window"]), bool(state["loaded"]), int(state["pos"]),
+                            int(state["token_offset"]))
+
+    def check_state(self, state: ShuffleState) -> None:
         """Raise ``ResumeMismatchError`` unless ``state`` points into this worker's data:
         reader cursor in its ranges, position inside the window, token offset inside the
         document (reads record indexes only, never tokens; leaves this buffer unusable)."""
@@ -371,7 +404,7 @@ class ShuffleBuffer:
                 f"record {int(record[order[pos]])}) of {length} tokens"
             )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: ShuffleState) -> None:
         check_state(state, STATE_KEYS, "ShuffleBuffer")
         self._clear()
         self.source.load_state_dict(state["reader"])

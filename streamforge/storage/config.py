@@ -1,6 +1,6 @@
 """Run-wide storage settings: retries, prefetch budget, local cache, integrity policy.
 
-Both classes are frozen dataclasses checked in ``__post_init__``, so a bad value fails when
+All three classes are frozen dataclasses checked in ``__post_init__``, so a bad value fails when
 the dataset is built, before training starts.
 """
 
@@ -29,8 +29,15 @@ class RetryPolicy:
     """How transient storage faults are retried.
 
     Attempt ``k`` (1-based) that fails waits ``min(backoff_max, backoff_base * 2**(k-1))``
-    scaled by a random factor in ``[1 - jitter, 1]`` before the next one. ``timeout`` is the
-    per-request socket timeout (connect and each read) handed to the filesystem.
+    scaled by a random factor in ``[1 - jitter, 1]`` before the next one.
+
+    Args:
+        attempts: tries of one request in all, the first included (at least 1).
+        backoff_base: seconds waited after the first failed attempt, doubling after each.
+        backoff_max: the most seconds waited between two attempts.
+        timeout: the per-request socket timeout in seconds (connect and each read) handed to
+            the filesystem (> 0).
+        jitter: the share of each wait that is randomized, in [0, 1].
     """
 
     attempts: int = 8
@@ -56,8 +63,16 @@ class RetryPolicy:
 @dataclass(frozen=True)
 class HedgePolicy:
     """When a read gets a twin: after ``max(minimum, factor * p90)`` of its size class's last
-    ``window`` reads (``initial`` until ``warmup`` of them are known). ``enabled=False`` sends
-    every read once."""
+    ``window`` reads (``initial`` until ``warmup`` of them are known).
+
+    Args:
+        enabled: False sends every read once.
+        factor: the threshold as a multiple of the recent reads' 90th percentile.
+        minimum: the least threshold, in seconds.
+        initial: the threshold, in seconds, until ``warmup`` reads have completed.
+        window: completed reads of each size class the percentile is taken over.
+        warmup: completed reads needed before the percentile is used (at most ``window``).
+    """
 
     enabled: bool = True
     factor: float = 3.0
@@ -82,31 +97,36 @@ STREAM_READ_AHEAD_FLOOR = 1 << 20  # the least read-ahead a stream of several ge
 class StorageConfig:
     """Storage options shared by every stream of a dataset.
 
-    - ``prefetch_bytes``: budget of bytes a pipeline (one per DataLoader worker) fetches
-      ahead of its readers; 0 turns background prefetch off (reads become plain ranged
-      requests). None (the default) chooses by where the stream lives: 8 MiB for local
-      files, 64 MiB for object stores (``read_ahead``). The streams of a mixture share it
-      in proportion to their largest weight in the schedule, each at least 1 MiB
-      (``stream_read_ahead``), so mixing 30 streams does not hold 30 budgets.
-    - ``cache_dir`` / ``cache_limit``: keep fetched frames on local disk, least recently used
-      evicted past ``cache_limit`` bytes (None: no limit). Safe to share between processes.
-    - ``verify``: ``"size"`` checks every frame's size and zstd checksum against the shard
-      index, and the index against the manifest; ``"sha256"`` also checks each shard's sha256
-      when a pass reads it from its first frame to its last.
-    - ``on_error``: ``"raise"`` a ``ShardCorruptError`` for damaged data, or ``"skip"`` the
-      damaged records, log them and list them in ``ShardSource.skipped``.
-    - ``request_bytes``: the most bytes one background request asks for (frames are grouped
-      up to this size, so a 64 MiB shard takes a handful of requests).
-    - ``prefetch_threads``: background fetch threads per pipeline; None (the default): 1 for
-      local files, 4 for object stores; shared by a mixture's streams like the bytes, at
-      least one each.
-    - ``hedge``: when a slow read from an object store gets a second, identical request
-      (``HedgePolicy``, storage/hedge.py); local files are never hedged.
-    - ``client``: what reads ``s3://`` streams: ``"auto"`` (the default) takes obstore's
-      client where the options allow it, signed HTTP requests over urllib3 where obstore
-      cannot run (not installed, or a worker forked after the trainer used it), else s3fs;
-      ``"obstore"`` insists on obstore (HTTP in such a forked worker); ``"http"`` on the
-      HTTP requests; ``"fsspec"`` always takes s3fs (storage/objstore.py, storage/s3http.py).
+    Args:
+        prefetch_bytes: budget of bytes a pipeline (one per DataLoader worker) fetches ahead
+            of its readers; 0 turns background prefetch off (reads become plain ranged
+            requests). None (the default) chooses by where the stream lives: 8 MiB for local
+            files, 64 MiB for object stores (``read_ahead``). The streams of a mixture share
+            it in proportion to their largest weight in the schedule, each at least 1 MiB
+            (``stream_read_ahead``), so mixing 30 streams does not hold 30 budgets.
+        cache_dir: keep fetched frames on local disk under this directory (None: no cache).
+            Safe to share between processes.
+        cache_limit: bytes past which the cache evicts the least recently used frames (None:
+            no limit; needs ``cache_dir``).
+        verify: ``"size"`` checks every frame's size and zstd checksum against the shard
+            index, and the index against the manifest; ``"sha256"`` also checks each shard's
+            sha256 when a pass reads it from its first frame to its last.
+        on_error: ``"raise"`` a ``ShardCorruptError`` for damaged data, or ``"skip"`` the
+            damaged records, log them and list them in ``ShardSource.skipped``.
+        retry: how transient faults are retried, and the request timeout (``RetryPolicy``).
+        request_bytes: the most bytes one background request asks for (frames are grouped
+            up to this size, so a 64 MiB shard takes a handful of requests).
+        prefetch_threads: background fetch threads per pipeline; None (the default): 1 for
+            local files, 4 for object stores; shared by a mixture's streams like the bytes,
+            at least one each.
+        hedge: when a slow read from an object store gets a second, identical request
+            (``HedgePolicy``, storage/hedge.py); local files are never hedged.
+        client: what reads ``s3://`` streams: ``"auto"`` (the default) takes obstore's
+            client where the options allow it, signed HTTP requests over urllib3 where
+            obstore cannot run (not installed, or a worker forked after the trainer used
+            it), else s3fs; ``"obstore"`` insists on obstore (HTTP in such a forked worker);
+            ``"http"`` on the HTTP requests; ``"fsspec"`` always takes s3fs
+            (storage/objstore.py, storage/s3http.py).
     """
 
     prefetch_bytes: int | None = None

@@ -2,8 +2,8 @@
 
 A reader needs three calls of a filesystem: ``cat_file`` (whole, or a byte range), ``size``
 and ``exists``. For local paths ``LocalReader`` makes them with ``open`` and ``os``, so a pass
-over local shards never imports fsspec (3 MiB of resident memory and 15 ms of start-up, with
-the codecs and asyncio it loads). Writers, the ledger and conversion keep fsspec.
+over local shards never imports fsspec, nor the codecs and asyncio it loads, and spares their
+memory and start-up (docs/storage.md gives both). Writers, the ledger and conversion keep fsspec.
 """
 
 from __future__ import annotations

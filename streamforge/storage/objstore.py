@@ -1,10 +1,9 @@
 """S3 reads through obstore, when it is installed and the stream's options allow it.
 
-obstore's client is built in Rust: it is ready in a few milliseconds and answers a ranged GET
-in one round trip, where s3fs first builds a botocore client (service models, a session, an
-event loop thread: about 0.1 s before the first byte of a stream) and asks for an object's size
-before reading it whole. On the 50M-token corpus of ``tools/bench_peers.py`` that is most of
-the time to a first batch from S3 (docs/storage.md).
+obstore's client is built in Rust: it is ready at once and answers a ranged GET in one round
+trip, where s3fs first builds a botocore client (service models, a session, an event loop
+thread) before the first byte of a stream and asks for an object's size before reading it
+whole: most of the time to a first batch from S3 (docs/storage.md, "What a read costs").
 
 Only reads go this way: the manifest, shard indexes and frames. Writers, the ledger and
 conversion keep the protocol's fsspec filesystem. ``StorageConfig.client`` picks:

@@ -85,10 +85,11 @@ def open_url(url: str, storage_options: dict[str, Any] | None = None, policy: Re
 
     With ``policy``, object-store clients get streamforge's retry and timeout defaults. One
     filesystem is made per process for each protocol and set of options, and shared by the
-    manifest, the index and the frame reads of every stream using them: an S3 or GCS client
-    costs about 0.1 s to build (service models, a session, a first connection), which a
-    first batch would otherwise pay once per reader. ``skip_instance_cache`` keeps its
-    meaning for fsspec's own cache; this one lives in streamforge, per process.
+    manifest, the index and the frame reads of every stream using them: building an S3 or GCS
+    client (service models, a session, a first connection) is a large part of the time to
+    a first batch, which would otherwise be paid once per reader (docs/storage.md).
+    ``skip_instance_cache`` keeps its meaning for fsspec's own cache; this one lives in
+    streamforge, per process.
     """
     given = dict(storage_options or {})
     protocol = protocol_of(url)
@@ -173,9 +174,9 @@ def _share_service_data(fs) -> None:
     """Give a new S3 filesystem a session whose botocore data loader is this process's one.
 
     Building an S3 client reads and parses botocore's service model, endpoint rules and
-    partitions (about 0.2 s, most of the time to a first batch from S3); the loader caches
-    them, but per session, and every filesystem makes its own session. With one loader per
-    process, the second client costs a few milliseconds, and so does the first one in a
+    partitions, most of the time to a first batch from S3 (docs/storage.md, "What a read
+    costs"); the loader caches them, but per session, and every filesystem makes its own
+    session. With one loader per process, the second client is cheap, and so is the first one in a
     DataLoader worker forked after the trainer built its own (the loader and what it cached
     come with the fork). Only the loader is shared, a cache of read-only files: credentials,
     connections and event loops stay each session's. A filesystem given its own session, or

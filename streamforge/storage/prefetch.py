@@ -366,8 +366,8 @@ def group_frames(
 def ramp(cap: int, first: int = FIRST_UNIT_BYTES) -> Iterator[int]:
     """Caps for the units of a new plan: ``first``, twice that, ... up to ``cap``, then
     ``cap``. A reader starting or resuming waits for its first unit whole (fetched, then
-    decoded); a full-size first unit (8 MiB from an object store) held the first batch
-    back by the transfer and decode of frames it did not need yet."""
+    decoded); a full-size first unit (8 MiB from an object store) would hold the first
+    batch back by the transfer and decode of frames it does not need yet."""
     size = max(1, min(first, cap))
     while size < cap:
         yield size

@@ -9,11 +9,9 @@ belongs to the process that made it, and a forked process makes its own.
 
 That is what a DataLoader worker forked from a trainer needs. obstore cannot run there once
 the trainer has used it (its runtime's threads do not survive the fork, objstore.py), and
-s3fs's first request there builds a botocore client before the first byte. In a worker
-forked from a process that had read S3 (one-off measurement, 1 MiB ranged GETs from the
-loopback S3 server; CPU of the worker): s3fs 59-67 ms for the first request and 3.0-3.4 ms
-for each after it; this reader 5 ms and 1.0-1.1 ms, obstore in a process of its own 8-10 ms
-and 1.2-1.4 ms (docs/storage.md has the loader's figures).
+s3fs's first request there builds a botocore client before the first byte. In such a worker
+this reader costs less CPU than s3fs for the first request and for each after it, and about
+as much as obstore in a process of its own (docs/storage.md, "The S3 client", has the figures).
 
 It takes obstore's settings (``objstore.obstore_settings``): credentials stated or ``anon``,
 and a region or an endpoint; options it cannot honour leave the stream to s3fs. It answers
