@@ -7,6 +7,7 @@ loader state, so a resumed run's counters equal the uninterrupted run's.
 
 from __future__ import annotations
 
+from operator import add
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -96,10 +97,9 @@ class Counters:
         t = self.totals
         phase = 0 if len(self.schedule.starts) == 1 else self.schedule.phase_at(step)
         rows = list(t.phase_tokens)
-        rows[phase] = tuple(a + b for a, b in zip(rows[phase], tally.tokens))
-        return t._replace(tokens=tuple(a + b for a, b in zip(t.tokens, tally.tokens)),
-                          documents=tuple(a + b for a, b in zip(t.documents, tally.documents)),
-                          phase_tokens=tuple(rows))
+        rows[phase] = tuple(map(add, rows[phase], tally.tokens))
+        return Totals(tuple(map(add, t.tokens, tally.tokens)), tuple(map(add, t.documents, tally.documents)),
+                      tuple(rows), t.skipped_steps, t.skipped_tokens, t.dropped_tokens)
 
     def after_skip(self, tally: Tally) -> Totals:
         """The totals once a batch of ``tally`` is dropped at a skipped step."""
