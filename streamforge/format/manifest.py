@@ -58,7 +58,16 @@ def _untagged(name: str) -> str:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One row of the shard table."""
+    """One row of the shard table (``Manifest.shards``).
+
+    Args:
+        name: the shard's file name inside the stream's prefix.
+        bytes: the shard file's size; ``sha256``: its digest.
+        num_records, num_tokens, num_frames: what the shard holds.
+        index_offset, index_bytes: where its record index lies (at its end).
+        first_record: the stream-wide index of its first record.
+        num_docs: its non-empty records (None for a manifest written before the column).
+    """
 
     name: str
     bytes: int

@@ -316,7 +316,15 @@ def _stream_differences(saved: list[dict], current: list[dict]) -> list[str]:
 
 @dataclass
 class ResumeReport:
-    """What ``load_state_dict`` did: ``mode`` is "exact", "elastic" or "statistical"."""
+    """What ``load_state_dict`` did (``StreamingLoader.resume_report``).
+
+    Args:
+        mode: ``"exact"``, ``"elastic"`` or ``"statistical"``.
+        summary: one sentence on how the job goes on.
+        differences: what differs between the saved job and this one, one line each.
+        approximations: what the resume could not keep exactly, with bounds.
+        skipped: the damaged records the saved job skipped.
+    """
 
     mode: str
     summary: str
