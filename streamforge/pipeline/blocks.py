@@ -152,8 +152,9 @@ class BlockIterator(Iterator[dict[str, torch.Tensor]]):
         version = state.get("version")
         if version not in (1, BLOCK_STATE_VERSION) or isinstance(version, bool):
             raise ResumeMismatchError(f"{_WHAT}: version {version!r}, this streamforge reads {BLOCK_STATE_VERSION}")
-        if (version == BLOCK_STATE_VERSION) != ("digest" in state) or "digest" in state and state[
-                "digest"] != content_digest({k: v for k, v in state.items() if k != "digest"}):
+        digested = "digest" in state  # version 2 states always carry one, version 1 states never
+        if digested != (version == BLOCK_STATE_VERSION) or (
+                digested and state["digest"] != content_digest({k: v for k, v in state.items() if k != "digest"})):
             raise ResumeMismatchError(f"{_WHAT}: its digest does not match its content: the state was changed "
                                       "after state_dict() wrote it (edited, truncated or corrupted)")
         missing = [k for k in BLOCK_STATE_KEYS if k not in state]
