@@ -1,5 +1,7 @@
 """The batch contract (docs/batch.md), checked against the documents as written."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -185,5 +187,17 @@ def test_unknown_fields_are_a_clear_error(tmp_path, rng):
     ds = dataset(make_corpus(tmp_path, rng))
     with pytest.raises(ConfigError, match="'attention_mask' unknown"):
         loader(ds, fields=["input_ids", "attention_mask"])
-    with pytest.raises(ConfigError, match="fields must name"):
-        loader(ds, fields=[])
+
+
+
+def test_a_rank_that_asks_for_no_field_keeps_the_clock_and_the_state(tmp_path, rng):
+    """A middle pipeline stage: empty batches, the same steps and state as a rank with every field."""
+    from helpers.pipeline import make_corpus
+
+    ds = dataset(make_corpus(tmp_path, rng))
+    full, none = loader(ds), loader(ds, fields=())
+    got = [(full.step, b) for b in itertools.islice(full, 5)]
+    empty = [(none.step, b) for b in itertools.islice(none, 5)]
+    assert [s for s, _ in got] == [s for s, _ in empty] == list(range(1, 6))  # the step after each batch
+    assert all(b == {} for _, b in empty)
+    assert none.state_dict() == full.state_dict()

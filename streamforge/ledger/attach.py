@@ -7,6 +7,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from ..topology import Topology
 from .store import DEFAULT_CHUNK_STEPS, LedgerWriter
 
 
@@ -36,10 +37,34 @@ class LedgerConfig:
     chunk_steps: int = DEFAULT_CHUNK_STEPS
 
 
+class ReplicaLedger:
+    """The ledger of a replica (a tensor, context or pipeline parallel peer past the first):
+    replica 0 of its data-parallel rank writes the same steps, so this one writes nothing and
+    only joins the ledger's collectives (the generation agreed on at every start)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.generation = -1
+        self.start_generation(0, "fresh")
+
+    def start_generation(self, resumed_at_step: int, mode: str) -> int:
+        self.generation = self.topology.agree_max(-1)  # replica 0's writer brings the number
+        return self.generation
+
+    def add(self, step: int, pass_idx: int, rows: Any, skipped: bool = False) -> None:
+        pass
+
+    def flush(self, wait: bool = True) -> None:
+        pass
+
+
 def for_loader(loader, url: str, storage_options: dict[str, Any] | None = None,
-               chunk_steps: int = DEFAULT_CHUNK_STEPS) -> LedgerWriter:
-    """The writer of ``loader``'s rank, with the job's meta and hooks into the loader."""
+               chunk_steps: int = DEFAULT_CHUNK_STEPS) -> LedgerWriter | ReplicaLedger:
+    """The writer of ``loader``'s rank, with the job's meta and hooks into the loader (a
+    ``ReplicaLedger`` on a replica past the first: one writer per data-parallel rank)."""
     ds = loader.dataset
+    if ds.topology.replica > 0:
+        return ReplicaLedger(ds.topology)
     meta = {**loader.config, "stream_urls": [s.url for s in ds.streams]}
     owner = weakref.ref(loader)  # no cycle: a dropped loader frees (and flushes) its writer at once
 

@@ -46,6 +46,7 @@ from . import collector
 from .clock import Clock
 from .counters import Counters
 from .device import DeviceFeed, check_depth, default_device
+from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
 
 
@@ -76,6 +77,10 @@ class StreamingLoader:
             (default: the dataset's).
         provenance: add ``segments``, each row's document pieces as (stream, shard, record,
             token_start, length), to the batch (default: the dataset's).
+        read_once: in a hybrid-parallel job (a dataset on a ``mesh=`` or ``group=``), only
+            replica 0 of each data-parallel rank reads and builds the batches, and broadcasts
+            them to its replicas (``replicas.py``, docs/parallelism.md); the batches and the
+            state are those without it. Every replica must pass the same value.
 
     ``fields``, ``boundary`` and ``provenance`` are the batch spec: they change how a batch is
     expanded, never the data order, the state or the job clock, so a state resumes exactly
@@ -100,6 +105,7 @@ class StreamingLoader:
         fields: Sequence[str] | None = None,
         boundary: str | None = None,
         provenance: bool | None = None,
+        read_once: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batch_size = whole("batch_size", batch_size, 1)
@@ -132,9 +138,17 @@ class StreamingLoader:
             raise ConfigError("pass the ledger once: ledger=LedgerConfig(...) or ledger_dir=/ledger_options=, not both")
         if ledger is None and ledger_dir is not None:
             ledger = LedgerConfig(ledger_dir, ledger_options)
+        self.read_once = bool(read_once)
+        check_replicas(dataset.topology, fingerprint=self.fingerprint, read_once=self.read_once,
+                       skip_steps=self.skip_steps.to_list())
         self.ledger = None if ledger is None else for_loader(self, ledger.url, ledger.storage_options,
                                                                ledger.chunk_steps)
         self.checkpointer = Checkpointer(self)
+
+    @property
+    def shares_reads(self) -> bool:
+        """``read_once`` with replicas to share with: replica 0 reads for them."""
+        return self.read_once and self.dataset.topology.replicas > 1
 
     @property
     def infinite(self) -> bool:
@@ -246,6 +260,10 @@ class StreamingLoader:
         for name in self.dataset.stream_names:
             out["streams"][name].update(storage.pop(name, {}))
         out.update(storage)
+        topology = self.dataset.topology
+        if topology.replicas > 1:
+            out["replica"] = {"index": topology.replica, "of": topology.replicas,
+                              "reads_storage": topology.replica == 0 or not self.read_once}
         return out
 
     def skipped(self) -> list[dict[str, Any]]:
@@ -268,9 +286,15 @@ class StreamingLoader:
             self._end_pass()
         if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
             self._warn_empty_pass()
-        items = self._in_process() if self.num_workers == 0 else self._from_workers()
+        topology = self.dataset.topology
+        if self.shares_reads and topology.replica > 0:
+            items = receive_from_replica_zero(topology, self._steps_left(), self._received)
+        else:
+            items = self._in_process() if self.num_workers == 0 else self._from_workers()
+            if self.shares_reads:
+                items = send_to_replicas(items, topology, self._skipped_after)
         skips = self.skip_steps if self.skip_steps else None
-        feed = DeviceFeed(self._finish, self.device, self.device_prefetch)
+        feed = DeviceFeed(self._finish, self.device, 0 if self.shares_reads else self.device_prefetch)
         counters, take = self.counters, feed.open(self._tallied(items))
         try:
             for got in _taken(take, pause=self.num_workers == 0):
@@ -361,6 +385,19 @@ class StreamingLoader:
             self._collect_live_stats()
             self._live = None
             pipeline.close()
+
+    def _skipped_after(self, item: WorkerBatch) -> list:
+        """What ``skipped()`` will say once ``item`` is handed out (read_once sends it along)."""
+        parts = dict(self._skipped)
+        if item.stats is not None:
+            parts[item.logical] = item.skipped
+        elif self._live is not None:
+            parts[0] = self._live.skipped()
+        head = [self._head.skipped] if self._head is not None else []
+        return [x for xs in [*parts.values(), *head] for x in xs]
+
+    def _received(self, skipped: list) -> None:
+        self._skipped = {0: list(skipped)}  # a replica's: replica 0's, whole
 
     def _collect_live_stats(self) -> None:
         pipeline = self._live

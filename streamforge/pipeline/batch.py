@@ -25,15 +25,15 @@ FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "source_ids")  # the
 
 
 def check_fields(fields) -> tuple[str, ...]:
-    """``fields`` as a tuple of contract names (None: all of them); ``ConfigError`` naming an
-    unknown one."""
+    """``fields`` as a tuple of contract names (None: all of them; empty: none, for a rank that
+    only keeps the clock, such as a middle pipeline stage); ``ConfigError`` naming an unknown one."""
     if fields is None:
         return FIELDS
     if isinstance(fields, str):
         fields = (fields,)
     fields = tuple(dict.fromkeys(str(f) for f in fields))
     unknown = [f for f in fields if f not in FIELDS]
-    if unknown or not fields:
+    if unknown:
         raise ConfigError(f"fields must name some of {', '.join(FIELDS)}; got {list(fields)!r}"
                           + (f" ({', '.join(map(repr, unknown))} unknown)" if unknown else ""))
     return fields
@@ -142,6 +142,8 @@ def expand(
 ) -> dict[str, torch.Tensor]:
     """The batch contract from a ``RowBatch`` (numpy work, then zero-copy to torch): the
     tensors named in ``fields`` (all five by default), each computed only when asked for."""
+    if not fields and not provenance:
+        return {}
     rows, width = batch.tokens.shape
     seq_len = width - 1
     size = rows * seq_len

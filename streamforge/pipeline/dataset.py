@@ -57,6 +57,13 @@ class PackedTokenDataset(IterableDataset):
         infinite: passes follow each other without end, each stream on its own.
         rank, world_size: the data-parallel topology (default: torch.distributed's, else
             ``RANK``/``WORLD_SIZE``, else 0 of 1; ``streamforge.topology``).
+        mesh, dp_dims: a hybrid-parallel job's ``DeviceMesh`` and the names of its
+            data-parallel dimensions (default: ``batch`` where the mesh has it, else those of
+            ``dp``, ``dp_replicate``, ``dp_shard`` it has); the data-parallel rank is the
+            flattened coordinate over them and every other dimension holds replicas, which
+            get the same batches (docs/parallelism.md).
+        group: Megatron-style, without a mesh: the data-parallel ``ProcessGroup`` (with
+            ``rank``/``world_size`` the rank in it and its size, or derived from it).
         storage: how shards are read (``StorageConfig``: client, retries, read-ahead, cache).
         manifests: the streams' manifests, already read (default: read them, on rank 0 under
             torch.distributed, with ``share_manifests``).
@@ -87,6 +94,9 @@ class PackedTokenDataset(IterableDataset):
         provenance: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        mesh: Any = None,
+        dp_dims: Sequence[str] | str | None = None,
+        group: Any = None,
         bestfit_window: int = _PACKING.bestfit_window,
         storage: StorageConfig | None = None,
         manifests: Sequence[Manifest] | None = None,
@@ -132,7 +142,7 @@ class PackedTokenDataset(IterableDataset):
         self._check_token_ids()
         if self.config.infinite:
             _refuse_empty_streams(self.streams, self.manifests)
-        self.topology = Topology.resolve(rank, world_size)
+        self.topology = Topology.build(rank, world_size, mesh=mesh, dp_dims=dp_dims, group=group)
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
         self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature)
