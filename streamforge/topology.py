@@ -77,6 +77,11 @@ class Topology:
         replicas: how many processes share each data-parallel rank.
         groups: the process groups behind a mesh or a data-parallel group (``Groups``); not
             compared, not pickled.
+        source: where the ranks came from: ``"explicit"`` (``rank=``/``world_size=``),
+            ``"torch.distributed"``, ``"environment"`` (``RANK``/``WORLD_SIZE``),
+            ``"default"`` (none of those: 0 of 1), ``"pending"`` (only one of ``RANK`` and
+            ``WORLD_SIZE`` was set: resolved when first used, see ``checked``), ``"mesh"``,
+            ``"group"``. Not compared.
     """
 
     rank: int
@@ -84,6 +89,7 @@ class Topology:
     replica: int = 0
     replicas: int = 1
     groups: Groups | None = field(default=None, compare=False, repr=False)
+    source: str = field(default="explicit", compare=False)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -92,7 +98,7 @@ class Topology:
             raise ConfigError(f"replica {self.replica} is not in 0..replicas-1 (replicas {self.replicas})")
 
     def __reduce__(self):  # to a worker process: the ranks, not the groups
-        return (Topology, (self.rank, self.world_size, self.replica, self.replicas))
+        return (Topology, (self.rank, self.world_size, self.replica, self.replicas, None, self.source))
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -112,16 +118,61 @@ class Topology:
 
     @classmethod
     def resolve(cls, rank: int | None = None, world_size: int | None = None) -> Topology:
-        """Explicit values, else torch.distributed's, else ``RANK``/``WORLD_SIZE``, else 0 of 1."""
-        if rank is None or world_size is None:
-            dist = _dist()
-            if dist is not None:
-                rank = dist.get_rank() if rank is None else rank
-                world_size = dist.get_world_size() if world_size is None else world_size
-            else:
-                rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-                world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-        return cls(int(rank), int(world_size))
+        """Explicit values, else torch.distributed's, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+        Only one of ``RANK`` and ``WORLD_SIZE`` set (a launcher part-way through setting up a
+        process, as Lightning's is when a DataModule is built) leaves the topology
+        ``"pending"``: 0 of 1 until ``checked`` resolves it."""
+        if rank is not None and world_size is not None:
+            return cls(int(rank), int(world_size))
+        dist = _dist()
+        if dist is not None:
+            source = "torch.distributed" if rank is None and world_size is None else "explicit"
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+            return cls(int(rank), int(world_size), source=source)
+        env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if (env_rank is None) != (env_world is None) and (rank is None or world_size is None):
+            return cls(0, 1, source="pending")
+        source = "environment" if env_rank is not None else "default"
+        rank = int(env_rank or 0) if rank is None else rank
+        world_size = int(env_world or 1) if world_size is None else world_size
+        return cls(int(rank), int(world_size), source=source)
+
+    def checked(self) -> Topology:
+        """This topology, checked against torch.distributed now (the loader calls it when
+        iteration starts, and at save and resume time): one resolved before the process
+        group existed (from defaults or a part-set environment) is resolved again, as the
+        group says; one that disagrees with the group raises ``ConfigError`` naming both
+        values and where each came from. Without a process group (a DataLoader worker, say), a
+        topology from defaults or a part-set environment is resolved from the environment
+        where it is now set, and ``RANK`` without ``WORLD_SIZE`` (or the reverse) is a
+        ``ConfigError``."""
+        if self.source in ("mesh", "group"):
+            return self
+        dist = _dist()
+        if dist is None:  # a DataLoader worker, or a job without a group: the environment decides
+            env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+            if self.source not in ("pending", "default") or (
+                    self.source == "default" and env_rank is None and env_world is None):
+                return self
+            if (env_rank is None) != (env_world is None):
+                raise ConfigError(
+                    f"the environment sets {'RANK' if env_rank is not None else 'WORLD_SIZE'} but not "
+                    f"{'WORLD_SIZE' if env_rank is not None else 'RANK'}, and torch.distributed is not "
+                    "initialized: set both, initialize the process group first, or pass rank= and world_size=")
+            return Topology.resolve()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if (rank, world) == (self.rank, self.world_size) and self.source != "pending":
+            return self
+        if self.source in ("default", "environment", "pending"):
+            return Topology(rank, world, source="torch.distributed")
+        said = f"rank {self.rank} of {self.world_size} ({self.source})"
+        if self.source == "explicit" and world != self.world_size:
+            raise ConfigError(
+                f"{said} disagrees with torch.distributed's rank {rank} of {world}: in a job where not every "
+                "process is a data-parallel rank (tensor, context or pipeline parallel), pass mesh= or the "
+                "data-parallel group= (docs/parallelism.md), so that the state is gathered over the right ranks")
+        raise ConfigError(f"{said} disagrees with torch.distributed's rank {rank} of {world}")
 
     @classmethod
     def from_group(cls, group: Any, rank: int | None = None, world_size: int | None = None) -> Topology:
@@ -145,7 +196,7 @@ class Topology:
         elif rank is not None and int(rank) != ranks.index(me):
             problem = (f"rank={rank} disagrees with group=: process {me} is data-parallel rank "
                        f"{ranks.index(me)} of its group {list(ranks)}")
-        return cls._with_groups(ranks, group if len(ranks) < dist.get_world_size() else None, problem)
+        return cls._with_groups(ranks, group if len(ranks) < dist.get_world_size() else None, problem, "group")
 
     @classmethod
     def from_mesh(cls, mesh: Any, dp_dims: Sequence[str] | str | None = None) -> Topology:
@@ -160,10 +211,11 @@ class Topology:
         ranks = tuple(int(r) for r in sub.mesh.flatten().tolist())
         problem = None if dist.get_rank() in ranks else \
             f"mesh=: process {dist.get_rank()} is not in its data-parallel ranks {list(ranks)}"
-        return cls._with_groups(ranks, None, problem)
+        return cls._with_groups(ranks, None, problem, "mesh")
 
     @classmethod
-    def _with_groups(cls, data_ranks: tuple[int, ...], data_group: Any, problem: str | None) -> Topology:
+    def _with_groups(cls, data_ranks: tuple[int, ...], data_group: Any, problem: str | None,
+                     source: str) -> Topology:
         """The topology of this process, whose data-parallel group is ``data_ranks``: the
         groups are learned from every process's (one all-gather) and made (collectively). A
         ``problem`` found by any process is raised on all of them."""
@@ -190,7 +242,7 @@ class Topology:
         mine = replica_lists[rank]
         replica_group = _subgroup(replica_lists, mine) if len(mine) > 1 else None
         groups = Groups(data_group, tuple(data_ranks), replica_group, tuple(mine))
-        return cls(rank, size, mine.index(me), len(mine), groups)
+        return cls(rank, size, mine.index(me), len(mine), groups, source)
 
     # -- collectives (each a no-op without a process group) ------------------------------------
     def gather(self, part: Any) -> list[Any]:

@@ -19,7 +19,7 @@ def _check_batches(batches, docs_by_stream, *, seq_len, packing, boundary):
         ids, labels, pos = batch["input_ids"], batch["labels"], batch["position_ids"]
         doc_ids, src, segs = batch["doc_ids"], batch["source_ids"], batch["segments"]
         assert ids.dtype == labels.dtype == pos.dtype == torch.int64
-        assert doc_ids.dtype == torch.int32 and src.dtype == torch.int16
+        assert doc_ids.dtype == src.dtype == torch.int32  # broadcastable by gloo and NCCL
         for b in range(ids.shape[0]):
             t = 0
             for k in range(segs.shape[1]):
@@ -201,3 +201,16 @@ def test_a_rank_that_asks_for_no_field_keeps_the_clock_and_the_state(tmp_path, r
     assert [s for s, _ in got] == [s for s, _ in empty] == list(range(1, 6))  # the step after each batch
     assert all(b == {} for _, b in empty)
     assert none.state_dict() == full.state_dict()
+
+
+def test_a_finite_loader_has_its_passes_steps_as_length_and_an_infinite_one_none(tmp_path, rng):
+    """Frameworks read a loader's length to know a pass's end without fetching ahead."""
+    from helpers.pipeline import make_corpus
+
+    corpus = make_corpus(tmp_path, rng)
+    finite = loader(dataset(corpus))
+    assert len(finite) == finite.steps_per_pass > 0 and len(list(finite)) == len(finite)
+    endless = loader(dataset(corpus, infinite=True))
+    with pytest.raises(TypeError, match="an infinite StreamingLoader has no length"):
+        len(endless)
+    assert bool(endless) and bool(finite)

@@ -180,3 +180,30 @@ def spread(states: list[dict[str, Any]], ways: int) -> dict[str, Any]:
         out[key] = int(round(out[key]))
     out["skipped_steps"] = max(int(s["skipped_steps"]) for s in states)  # every rank skips the same steps
     return out
+
+
+def storage_totals(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Workers' storage counters summed (nested dicts key by key), ratios recomputed."""
+    total: dict[str, Any] = {}
+    for part in parts:
+        _accumulate(total, part)
+    _ratios(total)
+    return total
+
+
+def _accumulate(total: dict[str, Any], part: dict[str, Any]) -> None:
+    for key, value in part.items():
+        if isinstance(value, dict):
+            _accumulate(total.setdefault(key, {}), value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+
+
+def _ratios(total: dict[str, Any]) -> None:
+    """Ratios do not add up across workers: recompute them from the summed counters."""
+    for value in total.values():
+        if isinstance(value, dict):
+            _ratios(value)
+    if "bytes_fetched" in total and "bytes_needed" in total:
+        needed = total["bytes_needed"]
+        total["read_amplification"] = total["bytes_fetched"] / needed if needed else 0.0

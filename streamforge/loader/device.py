@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..errors import ConfigError
+from . import collector
 
 Batch = dict[str, torch.Tensor]
 
@@ -230,3 +231,19 @@ def _close(raw: Iterator[tuple]) -> None:
     close = getattr(raw, "close", None)
     if close is not None:
         close()
+
+
+def taken(take: Callable[[], Any], pause: bool) -> Iterator[Any]:
+    """What ``take`` returns until None; with ``pause``, the first with the garbage collector
+    paused, since it sets the pass up (pipelines, first windows: ``collector``). Only for a
+    pipeline in this process: with workers the first take is the head start, and the workers
+    are forked right after it, with the collector as it would be without streamforge."""
+    if pause:
+        with collector.paused():
+            got = take()
+    else:
+        got = take()
+    while got is not None:
+        yield got
+        got = take()
+

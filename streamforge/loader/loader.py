@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -44,8 +44,8 @@ from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
 from . import collector
 from .clock import Clock
-from .counters import Counters
-from .device import DeviceFeed, check_depth, default_device
+from .counters import Counters, storage_totals
+from .device import DeviceFeed, check_depth, default_device, taken
 from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
 
@@ -125,9 +125,6 @@ class StreamingLoader:
         if dataset.evaluation and self.skip_steps:
             raise ConfigError("skip_steps does not apply to an evaluation loader: its pass holds every held-out token")
         self.resume_report: ResumeReport | None = None
-        # everything exactness depends on, and its digest (what a state must match to resume exactly)
-        self.config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
-        self.fingerprint = fingerprint(self.config)
         self.clock = Clock(self.num_logical)
         self.counters = Counters(dataset.stream_names, dataset.schedule)
         self._live = None  # the in-process pipeline while one is iterating
@@ -139,11 +136,38 @@ class StreamingLoader:
         if ledger is None and ledger_dir is not None:
             ledger = LedgerConfig(ledger_dir, ledger_options)
         self.read_once = bool(read_once)
+        self._ledger_config = ledger
+        self._bind()
+        self.checkpointer = Checkpointer(self)
+
+    def _bind(self) -> None:
+        """What the loader derives from the dataset's topology: ``config`` (everything
+        exactness depends on) and its ``fingerprint`` (what a state must match to resume
+        exactly), the replicas' agreement, and the ledger writer of this rank."""
+        dataset, ledger = self.dataset, self._ledger_config
+        self.config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
+        self.fingerprint = fingerprint(self.config)
         check_replicas(dataset.topology, fingerprint=self.fingerprint, read_once=self.read_once,
                        skip_steps=self.skip_steps.to_list())
         self.ledger = None if ledger is None else for_loader(self, ledger.url, ledger.storage_options,
                                                                ledger.chunk_steps)
-        self.checkpointer = Checkpointer(self)
+
+    def check_topology(self) -> None:
+        """The dataset's topology checked against torch.distributed (``Topology.checked``):
+        a dataset built before the process group existed is bound to the group's ranks now,
+        before anything was read; a disagreement raises ``ConfigError``. Called when
+        iteration starts, at save and resume time, and by ``plan()``."""
+        topology = self.dataset.topology
+        now = topology.checked()
+        if now is topology:
+            return
+        if self.clock.step or self.clock.batch or self.resume_report is not None or self.clock.plan is not None:
+            raise ConfigError(
+                f"the topology changed after the loader started: it read as rank {topology.rank} of "
+                f"{topology.world_size} ({topology.source}) and torch.distributed now says rank {now.rank} of "
+                f"{now.world_size}; initialize the process group before the loader's first batch, plan or state")
+        self.dataset.topology = now
+        self._bind()
 
     @property
     def shares_reads(self) -> bool:
@@ -175,6 +199,7 @@ class StreamingLoader:
         """The plan of the current pass (after a statistical resume: of what is left of it)."""
         clock = self.clock
         if clock.plan is None or clock.plan.pass_idx != clock.pass_idx:
+            self.check_topology()
             with collector.paused():  # record ranges: a few objects per shard
                 clock.plan = self.dataset.pass_plan(
                     clock.pass_idx, workers_per_rank=self.num_logical, batch_size=self.batch_size,
@@ -233,6 +258,7 @@ class StreamingLoader:
 
         ``strict=True`` raises ``ResumeMismatchError`` unless the resume is exact. A state
         that is refused leaves the loader as it was."""
+        self.check_topology()
         self.checkpointer.load(state, strict=strict, mode=mode)
 
     def resume_from_counters(self, tokens_seen: Any, *, step: int | None = None) -> None:
@@ -240,6 +266,7 @@ class StreamingLoader:
         logs): each stream starts that far into its passes, statistically, the counters carry
         those totals, and the windows are reshuffled. ``step`` defaults to the tokens seen over
         the tokens one step delivers. Streams left out count as unseen."""
+        self.check_topology()
         self.checkpointer.resume_from_counters(tokens_seen, step=step)
 
     # -- stats -----------------------------------------------------------------------------
@@ -252,11 +279,8 @@ class StreamingLoader:
         out.update({"pass": self.clock.pass_idx, "batch": self.clock.batch, "skip_steps": self.skip_steps.to_list()})
         if not self.infinite:
             out["steps_per_pass"] = self.steps_per_pass
-        storage: dict[str, Any] = {}
         head = [self._head.stats] if self._head is not None else []
-        for worker_stats in [*self._stats.values(), *head]:
-            _accumulate(storage, worker_stats)
-        _ratios(storage)
+        storage = storage_totals([*self._stats.values(), *head])
         for name in self.dataset.stream_names:
             out["streams"][name].update(storage.pop(name, {}))
         out.update(storage)
@@ -273,7 +297,20 @@ class StreamingLoader:
         return [item for items in [*self._skipped.values(), *head] for item in items]
 
     # -- iteration -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Steps in the current pass (``steps_per_pass``), for a finite loader: what a
+        framework's loop reads to know a pass's end without fetching ahead (Lightning
+        prefetches a batch from a loader without a length). An infinite loader has none
+        (``TypeError``)."""
+        if self.infinite:
+            raise TypeError("an infinite StreamingLoader has no length (steps_per_pass gives one pass's steps)")
+        return self.steps_per_pass
+
+    def __bool__(self) -> bool:  # a loader is a loader, whatever its length (or lack of one)
+        return True
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        self.check_topology()
         clock = self.clock
         if self.evaluation:  # every iteration is the same pass, from the top
             plan = clock.plan
@@ -297,7 +334,7 @@ class StreamingLoader:
         feed = DeviceFeed(self._finish, self.device, 0 if self.shares_reads else self.device_prefetch)
         counters, take = self.counters, feed.open(self._tallied(items))
         try:
-            for got in _taken(take, pause=self.num_workers == 0):
+            for got in taken(take, pause=self.num_workers == 0):
                 item = got.item
                 if item.step != clock.step:
                     raise PipelineInvariantError(f"worker {item.logical} built step {item.step}, the loader expected {self.step}")
@@ -447,36 +484,3 @@ class StreamingLoader:
         if self.device.type != "cpu":
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return batch
-
-
-def _taken(take: Callable[[], Any], pause: bool) -> Iterator[Any]:
-    """What ``take`` returns until None; with ``pause``, the first with the garbage collector
-    paused, since it sets the pass up (pipelines, first windows: ``collector``). Only for a
-    pipeline in this process: with workers the first take is the head start, and the workers
-    are forked right after it, with the collector as it would be without streamforge."""
-    if pause:
-        with collector.paused():
-            got = take()
-    else:
-        got = take()
-    while got is not None:
-        yield got
-        got = take()
-
-
-def _accumulate(total: dict[str, Any], part: dict[str, Any]) -> None:
-    for key, value in part.items():
-        if isinstance(value, dict):
-            _accumulate(total.setdefault(key, {}), value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            total[key] = total.get(key, 0) + value
-
-
-def _ratios(total: dict[str, Any]) -> None:
-    """Ratios do not add up across workers: recompute them from the summed counters."""
-    for value in total.values():
-        if isinstance(value, dict):
-            _ratios(value)
-    if "bytes_fetched" in total and "bytes_needed" in total:
-        needed = total["bytes_needed"]
-        total["read_amplification"] = total["bytes_fetched"] / needed if needed else 0.0

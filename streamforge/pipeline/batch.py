@@ -4,7 +4,7 @@ A worker sends ``RowBatch``: token ids in their storage dtype, shape [R, T+1] (c
 the token that follows the row, for the last label), and one small record per document piece
 laid out in the flattened batch (start, length, stream, shard, record, token_start,
 continues); a piece may run over a row boundary (concat packing). About 2 bytes per token
-cross the process boundary instead of the ~30 of the expanded int64/int32/int16 tensors.
+cross the process boundary instead of the ~28 of the expanded int64/int32 tensors.
 
 ``expand`` derives the contract (docs/batch.md) in the consumer process, vectorized over the
 whole batch: labels shifted exactly once, here; positions restart at 0 at every document and
@@ -130,10 +130,10 @@ def _tiled_fields(batch: RowBatch, rows: int, seq_len: int, want=FIELDS) -> tupl
         stream = batch.stream
         streams = set(stream.tolist())  # a few dozen pieces: cheaper than a numpy reduction
         if len(streams) == 1:
-            source_ids = np.full(size, streams.pop(), np.int16)
+            source_ids = np.full(size, streams.pop(), np.int32)
         else:
             piece = np.searchsorted(batch.start, seg, side="right") - 1
-            source_ids = np.repeat(stream[piece], seg_len)
+            source_ids = np.repeat(stream[piece].astype(np.int32), seg_len)
     return positions, doc_ids, source_ids
 
 
@@ -170,7 +170,7 @@ def expand(
         positions[index] = index - begin
         doc_ids = np.full(size, -1, np.int32)
         doc_ids[index] = piece_ids - first_piece[row_of]
-        source_ids = np.full(size, -1, np.int16)
+        source_ids = np.full(size, -1, np.int32)  # int32, not int16: gloo and NCCL broadcast it
         source_ids[index] = np.repeat(batch.stream, lengths)
         padding = doc_ids < 0
     if "labels" in fields:

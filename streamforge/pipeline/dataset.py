@@ -38,6 +38,7 @@ from .config import (  # noqa: F401 - re-exported: the dataset's settings are im
     BOUNDARIES, PackingConfig, PipelineConfig, ShuffleConfig, Stream, _normalize_streams, _refuse_empty_streams,
     _PACKING, _SHUFFLE, _settings, whole,
 )
+from .foreign import refuse_foreign_sharding
 from .worker import WorkerPipeline  # noqa: F401 - re-exported
 
 
@@ -309,7 +310,12 @@ class PackedTokenDataset(IterableDataset):
         return WorkerPipeline(self, worker, num_workers, first_pass, quota=quota, first_step=first_step, work=work)
 
     def __iter__(self) -> BlockIterator:
-        """The calling worker's blocks, with ``state_dict``/``load_state_dict`` (blocks.py)."""
+        """The calling worker's blocks, with ``state_dict``/``load_state_dict`` (blocks.py).
+        The topology is checked first (``Topology.checked``: a dataset built before the
+        process group is bound to it here), and a framework that would shard the dataset
+        again is refused (``foreign.py``)."""
+        self.topology = self.topology.checked()
+        refuse_foreign_sharding(self)
         return BlockIterator(self)
 
 
