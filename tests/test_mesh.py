@@ -106,6 +106,13 @@ def test_replicas_share_batches_and_the_dp_ranks_cover_the_pass_once(job):
     pieces = [p for dp_rows in _by_dp(rows).values() for row in dp_rows for p in row["pieces"]]
     total = _total_tokens(urls)
     assert 0 <= total - _delivered(pieces) <= reports[0]["drop_bound"]
+    # the ledger: written once per data-parallel rank (replica 0), every token of the pass once
+    from streamforge import read_ledger
+    from streamforge.ledger.report import check
+
+    assert sorted(p.name for p in (out / "ledger").glob("rank*")) == ["rank00000", "rank00001"]
+    report = check(read_ledger(str(out / "ledger")))
+    assert report["ok"] and report["passes"][0]["delivered_tokens"] == _delivered(pieces)
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 2), (2, 1)])

@@ -128,8 +128,8 @@ def main(out: Path, mode: str, dp: int, tp: int, urls: list[str]) -> None:
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     dp_group = mesh["dp"].get_group()
     ckpt = out / "ckpt"
-    if mode == "run":
-        loader = StreamingLoader(dataset(urls, mesh=mesh), batch_size=2, num_workers=1)
+    if mode == "run":  # with a ledger: one writer per data-parallel rank, whatever the replicas
+        loader = StreamingLoader(dataset(urls, mesh=mesh), batch_size=2, num_workers=1, ledger_dir=str(out / "ledger"))
         loop(out, f"run-{dp}x{tp}", loader, save_at=SAVE_AT, dp_group=dp_group, ckpt=ckpt)
     elif mode == "resume":
         loader = StreamingLoader(dataset(urls, mesh=mesh), batch_size=2, num_workers=1)
