@@ -12,10 +12,11 @@ PIP_FLAGS := -qq --disable-pip-version-check --no-input
 PYTEST_ARGS ?= -n 2
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: test demo venv venv-test venv-bench zstd-cli clean
+.PHONY: test test-torchtitan demo venv venv-test venv-bench zstd-cli clean
 
 test: venv-test zstd-cli
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-torchtitan
 
 demo: venv
 	$(VENV)/bin/streamforge demo $(DEMO_ARGS)
@@ -36,6 +37,22 @@ $(VENV)/.installed-test: $(VENV)/.installed
 venv: $(VENV)/.installed
 
 venv-test: $(VENV)/.installed-test
+
+# torchtitan's tests run in their own venv: torchtitan 0.3 pins fsspec<=2026.2.0 (through
+# datasets), which the main venv's s3fs must not share. pip resolves streamforge's test extras
+# and torchtitan in one command, so s3fs and gcsfs come at matching versions
+# (docs/integrations-torchtitan.md).
+TT_VENV ?= .venv-torchtitan
+TT_PY := $(TT_VENV)/bin/python
+
+$(TT_VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(TT_VENV)
+	$(TT_PY) -m pip install $(PIP_FLAGS) -c constraints.txt torch
+	$(TT_PY) -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[test,torchtitan]'
+	touch $@
+
+test-torchtitan: $(TT_VENV)/.installed
+	$(TT_PY) -m pytest -q -p no:cacheprovider tests/test_torchtitan.py
 
 # tools/bench_peers.py: streamforge next to LitData, MosaicML Streaming and WebDataset, in a
 # venv of its own: mosaicml-streaming pins google-cloud-storage below what gcsfs (a test
@@ -63,4 +80,4 @@ zstd-cli:
 	  fi; }
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) demo-out .hypothesis
+	rm -rf $(VENV) $(BENCH_VENV) $(TT_VENV) demo-out .hypothesis
