@@ -34,7 +34,7 @@ def refuse_foreign_sharding(dataset: Any) -> None:
         return
     kinds = tuple(k for k in (getattr(module, name, None) for name in _WRAPPERS) if isinstance(k, type))
     for obj in gc.get_objects():
-        if isinstance(obj, kinds) and _wraps(obj, dataset):
+        if issubclass(type(obj), kinds) and _wraps(obj, dataset):  # type(): no __class__ lookups
             raise ConfigError(
                 f"a PackedTokenDataset is inside a DataLoader that accelerate's prepare() wrapped "
                 f"({type(obj).__name__}): accelerate would shard it again, and "
