@@ -12,9 +12,9 @@ PIP_FLAGS := -qq --disable-pip-version-check --no-input
 PYTEST_ARGS ?= -n 2
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: test test-torchtitan demo venv venv-test venv-bench zstd-cli clean
+.PHONY: test test-torchtitan demo venv venv-test venv-bench zstd-cli ext clean
 
-test: venv-test zstd-cli
+test: venv-test zstd-cli ext
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-torchtitan
 
@@ -35,6 +35,16 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The compiled core (streamforge/pipeline/_core.c), built in place: the editable install builds
+# it only when pip runs, and the tests must run the C in the tree (a no-op when up to date;
+# through pip where the venv has no setuptools, as from Python 3.12). The build is optional
+# for users; here it must succeed (STREAMFORGE_EXT_REQUIRED=1), unless STREAMFORGE_NO_EXT=1
+# asks for the numpy path alone (the tests then leave the compiled core out).
+ext: venv-test
+	@if [ "$${STREAMFORGE_NO_EXT:-0}" != 0 ]; then echo "STREAMFORGE_NO_EXT is set: the numpy path alone"; \
+	elif $(PY) -c "import setuptools" 2>/dev/null; then STREAMFORGE_EXT_REQUIRED=1 $(PY) setup.py -q build_ext --inplace; \
+	else STREAMFORGE_EXT_REQUIRED=1 $(PIP) install $(PIP_FLAGS) -c constraints.txt --no-deps -e .; fi
 
 venv-test: $(VENV)/.installed-test
 
@@ -80,4 +90,4 @@ zstd-cli:
 	  fi; }
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(TT_VENV) demo-out .hypothesis
+	rm -rf $(VENV) $(BENCH_VENV) $(TT_VENV) demo-out .hypothesis build streamforge/pipeline/_core.*.so

@@ -36,6 +36,7 @@ import torch
 
 from ..errors import ConfigError, PipelineInvariantError
 from ..ledger.attach import LedgerConfig, for_loader
+from ..pipeline import core
 from ..pipeline.batch import RowBatch, check_fields, expand
 from ..pipeline.dataset import BOUNDARIES, PackedTokenDataset, whole
 from ..planning.plan import PassPlan
@@ -277,6 +278,7 @@ class StreamingLoader:
         self._collect_live_stats()
         out = self.counters.report(self.step)
         out.update({"pass": self.clock.pass_idx, "batch": self.clock.batch, "skip_steps": self.skip_steps.to_list()})
+        out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
         if not self.infinite:
             out["steps_per_pass"] = self.steps_per_pass
         head = [self._head.stats] if self._head is not None else []

@@ -6,9 +6,11 @@ laid out in the flattened batch (start, length, stream, shard, record, token_sta
 continues); a piece may run over a row boundary (concat packing). About 2 bytes per token
 cross the process boundary instead of the ~28 of the expanded int64/int32 tensors.
 
-``expand`` derives the contract (docs/batch.md) in the consumer process, vectorized over the
-whole batch: labels shifted exactly once, here; positions restart at 0 at every document and
-every row start; doc ids number the pieces of a row from 0, -1 on padding.
+``expand`` derives the contract (docs/batch.md) in the consumer process, in one pass over the
+batch by the compiled core where it is built (``core``), else vectorized with numpy (the
+reference; both give the same tensors): labels shifted exactly once, here; positions restart
+at 0 at every document and every row start; doc ids number the pieces of a row from 0, -1 on
+padding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from . import core
 
 IGNORE_INDEX = -100
 FIELDS = ("input_ids", "labels", "position_ids", "doc_ids", "source_ids")  # the batch contract
@@ -140,10 +143,37 @@ def _tiled_fields(batch: RowBatch, rows: int, seq_len: int, want=FIELDS) -> tupl
 def expand(
     batch: RowBatch, *, boundary: str = "document", provenance: bool = False, fields: tuple[str, ...] = FIELDS,
 ) -> dict[str, torch.Tensor]:
-    """The batch contract from a ``RowBatch`` (numpy work, then zero-copy to torch): the
-    tensors named in ``fields`` (all five by default), each computed only when asked for."""
+    """The batch contract from a ``RowBatch`` (arrays filled by the compiled core or by numpy,
+    then zero-copy to torch): the tensors named in ``fields`` (all five by default), each
+    computed only when asked for, and the provenance ``segments`` with ``provenance``."""
     if not fields and not provenance:
         return {}
+    out = None
+    if fields and core.ext is not None:
+        out = _expand_compiled(core.ext, batch, boundary, fields)
+    if out is None:
+        out = _expand_numpy(batch, boundary, fields) if fields else {}
+    if provenance:
+        out["segments"] = torch.from_numpy(segments(batch))
+    return out
+
+
+_INT32 = ("doc_ids", "source_ids")  # int32, not int16: gloo and NCCL broadcast them
+
+
+def _expand_compiled(ext, batch: RowBatch, boundary: str, fields: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
+    """``fields`` filled by the compiled core in one pass; None for a layout it leaves to numpy."""
+    rows, width = batch.tokens.shape
+    shape = (rows, width - 1)
+    arrays = {name: np.empty(shape, np.int32 if name in _INT32 else np.int64) for name in FIELDS if name in fields}
+    if not ext.expand(batch.tokens, batch.lookahead, batch.start, batch.length, batch.stream, batch.continues,
+                      boundary == "document", *(arrays.get(name) for name in FIELDS)):
+        return None
+    return {name: torch.from_numpy(values) for name, values in arrays.items()}
+
+
+def _expand_numpy(batch: RowBatch, boundary: str, fields: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """``fields`` computed with numpy, vectorized over the batch: the reference."""
     rows, width = batch.tokens.shape
     seq_len = width - 1
     size = rows * seq_len
@@ -178,8 +208,6 @@ def expand(
     for name, values in (("position_ids", positions), ("doc_ids", doc_ids), ("source_ids", source_ids)):
         if name in fields:
             out[name] = torch.from_numpy(values.reshape(rows, seq_len))
-    if provenance:
-        out["segments"] = torch.from_numpy(segments(batch))
     return out
 
 

@@ -22,6 +22,7 @@ from typing import TypedDict
 
 import numpy as np
 
+from ..pipeline import core
 from ..pipeline.batch import RowBatch, padding_rows
 from ..errors import ConfigError, ResumeMismatchError
 from .base import check_state
@@ -170,7 +171,45 @@ class Packer:
     # -- concat ----------------------------------------------------------------------------
     def _concat_rows(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         """``num_rows`` rows cut from the token stream in one go: take ``num_rows * T``
-        tokens as a few runs, then split the runs' pieces at row boundaries (vectorized)."""
+        tokens as a few runs, then split the runs' pieces at row boundaries (vectorized). The
+        compiled core writes the runs' tokens straight into the rows; numpy copies them into
+        one flat array first, then into the rows (the reference; the same rows)."""
+        if core.ext is None:
+            return self._concat_rows_numpy(num_rows, out)
+        ext = core.ext
+        T = self.seq_len
+        need = num_rows * T
+        tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
+        runs = []
+        filled = 0
+        while filled < need:
+            got = self.source.take_run(need - filled)
+            if got is None:
+                break
+            stream, run = got
+            if ext.fill_rows(run.parts, tokens, filled) != run.size:  # parts it does not take
+                flat = np.empty(run.size, self.dtype)
+                run.copy_into(flat)
+                ext.fill_rows([flat], tokens, filled)
+            run.parts = None  # as in _concat_rows_numpy
+            runs.append((filled, stream, run))
+            filled += run.size
+        if filled == 0:
+            return None
+        if filled < need:  # the end of a finite pass: the rows it fills, then padding
+            written = tokens
+            rows, rest = divmod(filled, T)
+            tokens = np.full((rows + (rest > 0), T + 1), self.pad_id, self.dtype)
+            tokens[:rows, :T] = written[:rows, :T]
+            if rest:
+                tokens[rows, :rest] = written[rows, :rest]
+        else:
+            tokens[-1, T] = self.pad_id
+        lookahead = self._row_ends(tokens, filled, need)
+        return RowBatch(tokens=tokens, lookahead=lookahead, **_join_runs(runs))
+
+    def _concat_rows_numpy(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
+        """``_concat_rows`` with numpy: the runs are copied into one flat array, then into the rows."""
         T = self.seq_len
         need = num_rows * T
         tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
@@ -193,7 +232,6 @@ class Packer:
             return None
         rows = -(-filled // T)
         if filled == need:
-            grid = flat
             if num_rows > 1:
                 tokens[:, :T] = flat.reshape(num_rows, T)
         else:
@@ -201,17 +239,26 @@ class Packer:
             grid = np.full(rows * T, self.pad_id, self.dtype)
             grid[:filled] = flat[:filled]
             tokens[:, :T] = grid.reshape(rows, T)
+        lookahead = self._row_ends(tokens, filled, need)
+        return RowBatch(tokens=tokens, lookahead=lookahead, **_join_runs(runs))
+
+    def _row_ends(self, tokens: np.ndarray, filled: int, need: int) -> np.ndarray:
+        """Column T of rows whose tokens are in place (it holds padding): the token after
+        each row where it is known, the next row's first, and after the last row of a full
+        batch the stream's next (``peek_token``); returns which rows have one."""
+        T = self.seq_len
+        rows = len(tokens)
         lookahead = np.zeros(rows, bool)
         nxt = min(filled // T, rows - 1)  # full rows followed by another row
         if nxt > 0:
-            tokens[:nxt, T] = grid[T : (nxt + 1) * T : T]
+            tokens[:nxt, T] = tokens[1 : nxt + 1, 0]
             lookahead[:nxt] = True
         if filled == need:
             peek = self.source.peek_token()
             if peek is not None:
                 tokens[rows - 1, T] = peek
                 lookahead[rows - 1] = True
-        return RowBatch(tokens=tokens, lookahead=lookahead, **_join_runs(runs))
+        return lookahead
 
     # -- pad -------------------------------------------------------------------------------
     def _take_doc(self):

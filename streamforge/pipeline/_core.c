@@ -1,0 +1,434 @@
+/* streamforge.pipeline._core: the compiled core of the per-batch hot loops.
+ *
+ * Two functions, both on raw buffers seen through the buffer protocol (numpy arrays in
+ * practice; no numpy headers are needed to build this):
+ *
+ *   expand(tokens, lookahead, start, length, stream, continues, document,
+ *          input_ids, labels, position_ids, doc_ids, source_ids) -> bool
+ *       Fills the batch contract's tensors of a RowBatch (streamforge/pipeline/batch.py) in
+ *       one pass over the batch: each output is a C-contiguous array of R*T items (int64 for
+ *       input_ids, labels and position_ids, int32 for doc_ids and source_ids) or None when
+ *       not wanted. Returns False, having written nothing, for a layout it does not take
+ *       (pieces empty, out of order, overlapping or outside the batch; odd dtypes or
+ *       strides), so that the caller runs the numpy reference instead; on the layouts it
+ *       takes, the values are those of the numpy path, bit for bit.
+ *
+ *   fill_rows(parts, tokens, offset) -> int or None
+ *       Writes the 1-D arrays of ``parts``, laid end to end, into the [R, T+1] token grid
+ *       ``tokens`` from position ``offset`` of its flattened first T columns (rows wrap,
+ *       column T is left alone) and returns the number of tokens written; None, having
+ *       written nothing, where a part's dtype differs from the grid's or a part is not a
+ *       contiguous 1-D array. ValueError where the parts run past the grid.
+ *
+ * The loops run without the GIL: the buffers are held for the whole call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define IGNORE_INDEX (-100)
+
+/* An integer (or bool) array: its buffer, and how to read an item. */
+typedef struct {
+    Py_buffer view;
+    int held;
+    char kind;    /* 'i' signed, 'u' unsigned, 'b' bool */
+    int size;     /* bytes per item: 1, 2, 4 or 8 */
+} Arr;
+
+/* The item kind of a native struct-module format of one integer or bool: 0, or -1. */
+static int parse_format(const char *fmt, Py_ssize_t itemsize, char *kind)
+{
+    if (fmt == NULL) {  /* unsigned bytes */
+        *kind = 'u';
+        return itemsize == 1 ? 0 : -1;
+    }
+    if (*fmt == '@' || *fmt == '=')
+        fmt++;
+#if PY_LITTLE_ENDIAN
+    else if (*fmt == '<')
+        fmt++;
+#else
+    else if (*fmt == '>' || *fmt == '!')
+        fmt++;
+#endif
+    if (fmt[0] == '\0' || fmt[1] != '\0')
+        return -1;
+    switch (fmt[0]) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n':
+        *kind = 'i';
+        break;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N':
+        *kind = 'u';
+        break;
+    case '?':
+        *kind = 'b';
+        break;
+    default:
+        return -1;
+    }
+    if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8)
+        return -1;
+    return (*kind == 'b' && itemsize != 1) ? -1 : 0;
+}
+
+/* Whether the error just raised says an object has no buffer of the layout asked for
+ * (numpy raises BufferError or ValueError, an object without a buffer TypeError). */
+static int no_buffer(void)
+{
+    return PyErr_ExceptionMatches(PyExc_BufferError) || PyErr_ExceptionMatches(PyExc_TypeError)
+           || PyErr_ExceptionMatches(PyExc_ValueError);
+}
+
+/* Takes ``obj``'s buffer into ``a``: 1 on success, 0 where the object has no usable buffer of
+ * integers (no exception set), -1 on an error. ``ndim``: the dimensions it must have. */
+static int arr_get(PyObject *obj, Arr *a, int ndim, int writable)
+{
+    int flags = PyBUF_RECORDS_RO | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &a->view, flags) < 0) {
+        if (!no_buffer())
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    a->held = 1;
+    if (a->view.ndim != ndim || parse_format(a->view.format, a->view.itemsize, &a->kind) < 0)
+        return 0;
+    a->size = (int)a->view.itemsize;
+    return 1;
+}
+
+static void arr_release(Arr *a)
+{
+    if (a->held) {
+        PyBuffer_Release(&a->view);
+        a->held = 0;
+    }
+}
+
+/* Item ``i`` of a 1-D array, as int64 (unaligned reads are fine). */
+static inline int64_t arr_at(const Arr *a, Py_ssize_t i)
+{
+    const char *p = (const char *)a->view.buf + i * a->view.strides[0];
+    switch (a->size) {
+    case 1:
+        return a->kind == 'i' ? (int64_t)*(const int8_t *)p : (int64_t)*(const uint8_t *)p;
+    case 2: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return a->kind == 'i' ? (int64_t)(int16_t)v : (int64_t)v;
+    }
+    case 4: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return a->kind == 'i' ? (int64_t)(int32_t)v : (int64_t)v;
+    }
+    default: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return v;
+    }
+    }
+}
+
+/* ``n`` contiguous items of ``kind``/``size`` from ``src``, widened into ``dst`` (int64). */
+static void widen(int64_t *dst, const char *src, Py_ssize_t n, char kind, int size)
+{
+    Py_ssize_t j;
+#define WIDEN(T)                                  \
+    for (j = 0; j < n; j++) {                     \
+        T v;                                      \
+        memcpy(&v, src + j * sizeof(T), sizeof(T)); \
+        dst[j] = (int64_t)v;                      \
+    }
+    if (kind == 'i') {
+        switch (size) {
+        case 1: WIDEN(int8_t) break;
+        case 2: WIDEN(int16_t) break;
+        case 4: WIDEN(int32_t) break;
+        default: WIDEN(int64_t) break;
+        }
+    } else {
+        switch (size) {
+        case 1: WIDEN(uint8_t) break;
+        case 2: WIDEN(uint16_t) break;
+        case 4: WIDEN(uint32_t) break;
+        default: WIDEN(uint64_t) break;
+        }
+    }
+#undef WIDEN
+}
+
+/* An output: None, or a C-contiguous writable array of ``n`` signed integers of ``size``
+ * bytes. 1 with ``*data`` set (NULL for None), -1 with TypeError. */
+static int out_get(PyObject *obj, Py_buffer *view, void **data, Py_ssize_t n, int size, const char *name)
+{
+    char kind;
+    *data = NULL;
+    if (obj == Py_None)
+        return 1;
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (parse_format(view->format, view->itemsize, &kind) < 0 || kind != 'i' || view->itemsize != size
+        || view->len != n * size) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "expand: %s must be a C-contiguous int%d array of %zd items", name,
+                     size * 8, n);
+        return -1;
+    }
+    *data = view->buf;
+    return 1;
+}
+
+static PyObject *core_expand(PyObject *self, PyObject *args)
+{
+    PyObject *o_tokens, *o_lookahead, *o_start, *o_length, *o_stream, *o_continues;
+    PyObject *o_out[5];
+    int document;
+    static const char *names[5] = {"input_ids", "labels", "position_ids", "doc_ids", "source_ids"};
+    static const int sizes[5] = {8, 8, 8, 4, 4};
+    Arr tokens = {0}, lookahead = {0}, start = {0}, length = {0}, stream = {0}, continues = {0};
+    Py_buffer outs[5];
+    void *data[5] = {NULL, NULL, NULL, NULL, NULL};
+    int held[5] = {0, 0, 0, 0, 0};
+    PyObject *result = NULL;
+    Py_ssize_t rows, width, T, size, P, p, r, i;
+    int ok;
+
+    if (!PyArg_ParseTuple(args, "OOOOOOpOOOOO:expand", &o_tokens, &o_lookahead, &o_start, &o_length, &o_stream,
+                          &o_continues, &document, &o_out[0], &o_out[1], &o_out[2], &o_out[3], &o_out[4]))
+        return NULL;
+
+    /* the inputs: any layout this function does not take goes to the numpy path */
+    result = Py_False;
+    if ((ok = arr_get(o_tokens, &tokens, 2, 0)) <= 0 || tokens.kind == 'b' ||
+        (ok = arr_get(o_lookahead, &lookahead, 1, 0)) <= 0 || (ok = arr_get(o_start, &start, 1, 0)) <= 0 ||
+        (ok = arr_get(o_length, &length, 1, 0)) <= 0 || (ok = arr_get(o_stream, &stream, 1, 0)) <= 0 ||
+        (ok = arr_get(o_continues, &continues, 1, 0)) <= 0) {
+        if (ok < 0)
+            result = NULL;
+        goto done;
+    }
+    rows = tokens.view.shape[0];
+    width = tokens.view.shape[1];
+    T = width - 1;
+    if (rows < 1 || T < 1 || tokens.view.strides[1] != tokens.size || lookahead.view.shape[0] != rows)
+        goto done;
+    size = rows * T;
+    P = start.view.shape[0];
+    if (length.view.shape[0] != P || stream.view.shape[0] != P || continues.view.shape[0] != P)
+        goto done;
+    {   /* pieces: non-empty, in order, apart, inside the batch */
+        int64_t prev_end = 0;
+        for (p = 0; p < P; p++) {
+            int64_t s = arr_at(&start, p), n = arr_at(&length, p);
+            if (n <= 0 || s < prev_end || n > (int64_t)size - s)
+                goto done;
+            prev_end = s + n;
+        }
+    }
+    for (i = 0; i < 5; i++) {
+        if (out_get(o_out[i], &outs[i], &data[i], size, sizes[i], names[i]) < 0) {
+            result = NULL;
+            goto done;
+        }
+        held[i] = data[i] != NULL;
+    }
+
+    Py_BEGIN_ALLOW_THREADS
+    {
+        int64_t *input_ids = data[0], *labels = data[1], *positions = data[2];
+        int32_t *doc_ids = data[3], *source_ids = data[4];
+        const char *tok = tokens.view.buf;
+        Py_ssize_t row_stride = tokens.view.strides[0];
+        Py_ssize_t cur_row = -1, row_first = 0;
+        int64_t prev_end = 0;
+
+        for (r = 0; r < rows; r++) {
+            if (input_ids)
+                widen(input_ids + r * T, tok + r * row_stride, T, tokens.kind, tokens.size);
+            if (labels)  /* the next token: labels are shifted exactly once, here */
+                widen(labels + r * T, tok + r * row_stride + tokens.size, T, tokens.kind, tokens.size);
+        }
+        for (p = 0; p <= P; p++) {
+            int64_t s = p < P ? arr_at(&start, p) : (int64_t)size;
+            int64_t e = p < P ? s + arr_at(&length, p) : (int64_t)size;
+            /* padding before the piece (or after the last one) */
+            if (s > prev_end) {
+                Py_ssize_t a = (Py_ssize_t)prev_end, n = (Py_ssize_t)(s - prev_end);
+                if (labels)
+                    for (i = 0; i < n; i++) labels[a + i] = IGNORE_INDEX;
+                if (positions)
+                    memset(positions + a, 0, n * sizeof(int64_t));
+                if (doc_ids)
+                    memset(doc_ids + a, 0xff, n * sizeof(int32_t));  /* -1 */
+                if (source_ids)
+                    memset(source_ids + a, 0xff, n * sizeof(int32_t));
+            }
+            if (p == P)
+                break;
+            {
+                int32_t src = (int32_t)arr_at(&stream, p);
+                Py_ssize_t a = (Py_ssize_t)s;
+                while (a < e) {  /* the piece's part in each row it touches */
+                    Py_ssize_t row = a / T, b = (row + 1) * T < e ? (row + 1) * T : (Py_ssize_t)e, n = b - a;
+                    if (row != cur_row) {  /* doc ids count the pieces of a row from 0 */
+                        cur_row = row;
+                        row_first = p;
+                    }
+                    if (positions)
+                        for (i = 0; i < n; i++) positions[a + i] = i;
+                    if (doc_ids) {
+                        int32_t d = (int32_t)(p - row_first);
+                        for (i = 0; i < n; i++) doc_ids[a + i] = d;
+                    }
+                    if (source_ids)
+                        for (i = 0; i < n; i++) source_ids[a + i] = src;
+                    a = b;
+                }
+            }
+            if (labels && !arr_at(&continues, p)) {  /* the piece ends its document */
+                int64_t last = e - 1;
+                int ignore;
+                if (document) {
+                    ignore = 1;
+                } else if (e % T == 0) {  /* at a row end: -100 unless the next token is known */
+                    ignore = !arr_at(&lookahead, (Py_ssize_t)(last / T));
+                } else {  /* mid-row: -100 where padding follows */
+                    ignore = !(p + 1 < P && arr_at(&start, p + 1) == e);
+                }
+                if (ignore)
+                    labels[last] = IGNORE_INDEX;
+            }
+            prev_end = e;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_True;
+
+done:
+    for (i = 0; i < 5; i++)
+        if (held[i])
+            PyBuffer_Release(&outs[i]);
+    arr_release(&tokens);
+    arr_release(&lookahead);
+    arr_release(&start);
+    arr_release(&length);
+    arr_release(&stream);
+    arr_release(&continues);
+    Py_XINCREF(result);
+    return result;
+}
+
+static PyObject *core_fill_rows(PyObject *self, PyObject *args)
+{
+    PyObject *o_parts, *o_tokens, *seq = NULL, *result = NULL;
+    Py_ssize_t offset, rows, T, itemsize, row_stride, k, nparts, at;
+    Arr tokens = {0};
+    Py_buffer *views = NULL;
+    Py_ssize_t nviews = 0;
+    int ok;
+
+    if (!PyArg_ParseTuple(args, "OOn:fill_rows", &o_parts, &o_tokens, &offset))
+        return NULL;
+    if ((ok = arr_get(o_tokens, &tokens, 2, 1)) <= 0) {
+        arr_release(&tokens);
+        if (ok == 0)
+            PyErr_SetString(PyExc_TypeError, "fill_rows: tokens must be a writable 2-D array of integers");
+        return NULL;
+    }
+    rows = tokens.view.shape[0];
+    T = tokens.view.shape[1] - 1;
+    itemsize = tokens.size;
+    row_stride = tokens.view.strides[0];
+    if (T < 1 || tokens.view.strides[1] != itemsize || offset < 0 || offset > rows * T) {
+        PyErr_SetString(PyExc_ValueError, "fill_rows: tokens must be [R, T+1] with rows of adjacent items, "
+                                          "and offset inside them");
+        goto done;
+    }
+    if ((seq = PySequence_Fast(o_parts, "fill_rows: parts must be a sequence")) == NULL)
+        goto done;
+    nparts = PySequence_Fast_GET_SIZE(seq);
+    if ((views = PyMem_Malloc((nparts ? nparts : 1) * sizeof(Py_buffer))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* every part's buffer first: a part this does not take leaves the grid as it was */
+    at = offset;
+    for (k = 0; k < nparts; k++) {
+        Py_buffer *v = &views[k];
+        char kind;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, k), v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+            if (!no_buffer())
+                goto done;
+            PyErr_Clear();
+            result = Py_None;
+            goto done;
+        }
+        nviews++;
+        if (v->ndim != 1 || v->itemsize != itemsize || parse_format(v->format, v->itemsize, &kind) < 0
+            || kind != tokens.kind) {
+            result = Py_None;
+            goto done;
+        }
+        at += v->shape[0];
+    }
+    if (at > rows * T) {
+        PyErr_Format(PyExc_ValueError, "fill_rows: %zd tokens from position %zd run past the %zd of the grid",
+                     at - offset, offset, rows * T);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        char *grid = tokens.view.buf;
+        at = offset;
+        for (k = 0; k < nparts; k++) {
+            const char *src = views[k].buf;
+            Py_ssize_t left = views[k].shape[0];
+            while (left > 0) {  /* cut at row ends */
+                Py_ssize_t row = at / T, col = at % T, n = T - col < left ? T - col : left;
+                memcpy(grid + row * row_stride + col * itemsize, src, n * itemsize);
+                src += n * itemsize;
+                left -= n;
+                at += n;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(at - offset);
+    goto release;
+
+done:
+    Py_XINCREF(result);
+release:
+    for (k = 0; k < nviews; k++)
+        PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    Py_XDECREF(seq);
+    arr_release(&tokens);
+    return result;
+}
+
+static PyMethodDef core_methods[] = {
+    {"expand", core_expand, METH_VARARGS,
+     "expand(tokens, lookahead, start, length, stream, continues, document, input_ids, labels, position_ids, "
+     "doc_ids, source_ids) -> bool\n\nFill the batch contract's arrays (None: not wanted) from a RowBatch's "
+     "columns; False, having written nothing, for a layout left to the numpy path."},
+    {"fill_rows", core_fill_rows, METH_VARARGS,
+     "fill_rows(parts, tokens, offset) -> int | None\n\nWrite the parts, end to end, into the [R, T+1] grid "
+     "from flat position offset of its first T columns; the tokens written, or None (nothing written) "
+     "where a part is not a contiguous 1-D array of the grid's dtype."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "_core",
+    "The compiled core of streamforge's per-batch hot loops (streamforge.pipeline.core chooses it).", -1,
+    core_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    return PyModule_Create(&core_module);
+}

@@ -1,0 +1,298 @@
+"""The compiled core (streamforge/pipeline/_core.c) against the numpy path, the reference: the
+same batches (every tensor, its dtype and values) and the same states, on random batch layouts
+(``expand``), random token grids (``fill_rows``) and whole passes in every packing mode, with
+one stream and mixtures, in process and with workers; the golden batches on the numpy path
+(tests/test_golden_batches.py checks them on the path the suite runs, the compiled one where
+it is built); and ``stats()["core"]``."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers.pipeline import dataset, loader, write_stream
+from streamforge.pipeline import core
+from streamforge.pipeline.batch import FIELDS, RowBatch, expand
+
+COMPILED = core.ext  # None where the extension is not built or STREAMFORGE_NO_EXT is set
+BUILT = importlib.util.find_spec("streamforge.pipeline._core") is not None
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_core = pytest.mark.skipif(COMPILED is None, reason="the compiled core is not built (make ext), "
+                                                         "or STREAMFORGE_NO_EXT asks for the numpy path alone")
+
+
+@contextlib.contextmanager
+def path(ext):
+    """Run the hot loops on ``ext`` (the compiled core) or numpy (None) inside the block; forked
+    workers inherit the choice."""
+    saved = core.ext
+    core.ext = ext
+    try:
+        yield
+    finally:
+        core.ext = saved
+
+
+def assert_same_batch(a: dict, b: dict, where: str = "") -> None:
+    assert list(a) == list(b), where
+    for key in a:
+        assert a[key].dtype == b[key].dtype, f"{where} {key}: {a[key].dtype} vs {b[key].dtype}"
+        assert a[key].shape == b[key].shape, f"{where} {key}: {a[key].shape} vs {b[key].shape}"
+        assert torch.equal(a[key], b[key]), f"{where} {key} differs"
+
+
+# -- expand on random layouts ------------------------------------------------------------------
+
+@st.composite
+def row_batches(draw) -> RowBatch:
+    """A RowBatch as the packers lay them out: pieces in order, apart, inside the batch, either
+    tiling it (concat) or with padding between and after them (pad, bestfit, a pass's end);
+    sometimes with what only the numpy path takes (an empty piece, column-major tokens)."""
+    rows, seq_len = draw(st.integers(1, 5)), draw(st.integers(1, 40))
+    size = rows * seq_len
+    padded = draw(st.booleans())
+    spans = draw(st.lists(st.tuples(st.integers(0, seq_len if padded else 0), st.integers(1, 2 * seq_len + 1)),
+                          min_size=0 if padded else 1, max_size=12))
+    starts, lengths, pos = [], [], 0
+    for gap, length in spans:
+        if pos + gap >= size:
+            break
+        starts.append(pos + gap)
+        lengths.append(min(length, size - pos - gap))
+        pos = starts[-1] + lengths[-1]
+    if not padded and pos < size:  # the last piece runs to the batch's end
+        lengths[-1] += size - pos
+    if starts and draw(st.integers(0, 9)) == 0:  # an empty piece: left to numpy
+        at = draw(st.integers(0, len(starts) - 1))
+        starts.insert(at, starts[at])
+        lengths.insert(at, 0)
+    n = len(starts)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = np.dtype(draw(st.sampled_from(["<u2", "<u4"])))
+    tokens = rng.integers(0, np.iinfo(dtype).max, (rows, seq_len + 1), endpoint=True).astype(dtype)
+    if draw(st.integers(0, 9)) == 0:
+        tokens = np.asfortranarray(tokens)  # strided rows: left to numpy
+    streams = draw(st.integers(1, 4))
+    return RowBatch(
+        tokens=tokens,
+        lookahead=rng.random(rows) < 0.5,
+        start=np.array(starts, np.int64),
+        length=np.array(lengths, np.int64),
+        stream=rng.integers(0, streams, n).astype(np.int16),
+        shard=rng.integers(0, 5, n).astype(np.int32),
+        record=rng.integers(0, 100, n).astype(np.int64),
+        token_start=rng.integers(0, 50, n).astype(np.int64),
+        continues=rng.random(n) < 0.4,
+    )
+
+
+@needs_core
+@settings(max_examples=400, deadline=None)
+@given(batch=row_batches(), boundary=st.sampled_from(["document", "stream"]),
+       fields=st.permutations(FIELDS).flatmap(lambda f: st.integers(0, len(f)).map(lambda k: tuple(f[:k]))),
+       provenance=st.booleans())
+def test_expand_gives_the_numpy_batch(batch, boundary, fields, provenance):
+    kwargs = dict(boundary=boundary, provenance=provenance, fields=fields or FIELDS)
+    with path(None):
+        want = expand(batch, **kwargs)
+    with path(COMPILED):
+        got = expand(batch, **kwargs)
+    assert_same_batch(got, want)
+
+
+@needs_core
+def test_expand_leaves_layouts_it_does_not_take_to_numpy():
+    """Empty pieces, pieces out of order or past the batch, strided rows: False, nothing written."""
+    tokens = np.arange(2 * 5, dtype=np.uint16).reshape(2, 5)
+    look = np.zeros(2, bool)
+
+    def call(start, length, toks=tokens):
+        n = len(start)
+        out = np.full((2, 4), 7, np.int64)
+        done = COMPILED.expand(toks, look, np.array(start, np.int64), np.array(length, np.int64),
+                               np.zeros(n, np.int16), np.zeros(n, bool), True, out, None, None, None, None)
+        return done, out
+
+    assert call([0, 4], [4, 4])[0] is True
+    for start, length in (([0, 4], [4, 0]), ([4, 0], [4, 4]), ([0, 2], [4, 4]), ([0, 6], [4, 4]), ([-1], [3])):
+        done, out = call(start, length)
+        assert done is False and (out == 7).all()
+    assert call([0, 4], [4, 4], np.asfortranarray(tokens))[0] is False
+
+
+# -- fill_rows on random grids -----------------------------------------------------------------
+
+@needs_core
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 4), seq_len=st.integers(1, 30), dtype=st.sampled_from(["<u2", "<u4"]),
+       sizes=st.lists(st.integers(0, 70), max_size=6), offset=st.integers(0, 120), seed=st.integers(0, 1000))
+def test_fill_rows_writes_the_flat_tokens_into_the_rows(rows, seq_len, dtype, sizes, offset, seed):
+    rng = np.random.default_rng(seed)
+    offset = min(offset, rows * seq_len)
+    parts = [rng.integers(0, 60000, n).astype(dtype) for n in sizes]
+    total = sum(sizes)
+    grid = np.full((rows, seq_len + 1), 9, dtype)
+    want = grid.copy()
+    if offset + total > rows * seq_len:
+        with pytest.raises(ValueError, match="run past"):
+            COMPILED.fill_rows(parts, grid, offset)
+        assert (grid == 9).all()
+        return
+    flat = want[:, :seq_len].reshape(-1)  # a copy: written back below
+    flat[offset : offset + total] = np.concatenate(parts) if parts else []
+    want[:, :seq_len] = flat.reshape(rows, seq_len)
+    assert COMPILED.fill_rows(parts, grid, offset) == total
+    assert np.array_equal(grid, want)
+
+
+@needs_core
+def test_fill_rows_leaves_parts_of_another_dtype_to_numpy():
+    grid = np.zeros((2, 5), np.uint16)
+    for parts in ([np.ones(3, np.uint16), np.ones(2, np.uint32)], [np.ones(6, np.uint16)[::2]], [np.ones((1, 3), np.uint16)]):
+        assert COMPILED.fill_rows(parts, grid, 0) is None
+        assert (grid == 0).all()
+
+
+# -- whole passes -------------------------------------------------------------------------------
+
+def _pass(make_loader, ext):
+    """Every batch of a pass with the state after it, and the loader's stats, on one path."""
+    with path(ext):
+        ldr = make_loader()
+        out = [({k: v.clone() for k, v in b.items()}, ldr.state_dict()) for b in ldr]
+        return out, ldr.stats()
+
+
+def _assert_same_pass(got, want) -> None:
+    (got, got_stats), (want, want_stats) = got, want
+    assert len(got) == len(want)
+    for i, ((a, sa), (b, sb)) in enumerate(zip(got, want)):
+        assert_same_batch(a, b, f"batch {i}")
+        assert sa == sb, f"state after batch {i}"
+    assert got_stats["core"] == "compiled" and want_stats["core"] == "numpy"
+    assert _counts(got_stats) == _counts(want_stats)
+
+
+def _counts(stats: dict) -> dict:
+    """The token and document counters of ``stats()`` (not the storage ones: timings, prefetches)."""
+    out = {k: v for k, v in stats.items() if k not in ("streams", "core") and not isinstance(v, float)}
+    out["streams"] = {name: (s["tokens"], s["documents"]) for name, s in stats["streams"].items()}
+    return out
+
+
+def _corpus(tmp, lengths, seed):
+    rng = np.random.default_rng(seed)
+    corpus = {}
+    for i, lens in enumerate(lengths):
+        if sum(lens) == 0:
+            lens = lens + [3]
+        docs = [rng.integers(1, 500, size=n).astype(np.uint16) for n in lens]
+        url = str(tmp / f"s{i}")
+        corpus[f"s{i}"] = (url, write_stream(url, docs, shard_size="1KiB", frame_size="512B"))
+    return corpus
+
+
+@needs_core
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.lists(st.integers(0, 150), min_size=1, max_size=25), min_size=1, max_size=3),
+    seq_len=st.integers(4, 64),
+    packing=st.sampled_from(["concat", "bestfit", "pad"]),
+    boundary=st.sampled_from(["document", "stream"]),
+    batch_size=st.integers(1, 3),
+    seed=st.integers(0, 100),
+)
+def test_a_pass_gives_the_numpy_batches_and_states(tmp_path_factory, lengths, seq_len, packing, boundary,
+                                                   batch_size, seed):
+    if packing != "concat":
+        boundary = "document"  # stream boundary is plain stream packing: concat only
+    corpus = _corpus(tmp_path_factory.mktemp("c"), lengths, seed)
+
+    def make():
+        ds = dataset(corpus, weights=[1.0 + i for i in range(len(corpus))], seq_len=seq_len, shuffle_buffer=7,
+                     packing=packing, boundary=boundary, provenance=True, bestfit_window=5, seed=seed)
+        return loader(ds, batch_size=batch_size)
+
+    _assert_same_pass(_pass(make, COMPILED), _pass(make, None))
+    # a worker's pipeline to its end, short last batch included (the loader drops that one)
+    got, want = (_pipeline_pass(make().dataset, ext, batch_size + 1) for ext in (COMPILED, None))
+    assert len(got) == len(want)
+    for i, ((a, sa), (b, sb)) in enumerate(zip(got, want)):
+        for field in a.__dataclass_fields__:
+            x, y = getattr(a, field), getattr(b, field)
+            assert x.dtype == y.dtype and np.array_equal(x, y), f"batch {i}: {field} differs"
+        assert sa == sb, f"state after batch {i}"
+
+
+def _pipeline_pass(ds, ext, batch_size: int) -> list:
+    """Worker 0 of 1's RowBatches to the end of its data, each with the pipeline's state after it."""
+    with path(ext):
+        pipeline = ds.make_pipeline(0, 1)
+        out = []
+        while (rows := pipeline.next_batch(batch_size)) is not None:
+            out.append((rows, repr(pipeline.state_dict())))
+        return out
+
+
+@needs_core
+@pytest.mark.parametrize("packing", ["concat", "bestfit"])
+def test_workers_and_resumes_give_the_numpy_batches(tmp_path, packing):
+    """Two forked workers pack on the path their parent runs; a state saved on one path
+    resumes on the other into the same batches."""
+    corpus = _corpus(tmp_path, [[40, 7, 130, 0, 66] * 6, [300, 12, 90] * 4, [5] * 30], 3)
+
+    def make(workers=2):
+        ds = dataset(corpus, weights=[0.5, 0.3, 0.2], seq_len=32, packing=packing, provenance=True, seed=4)
+        return loader(ds, batch_size=3, num_workers=workers)
+
+    _assert_same_pass(_pass(make, COMPILED), _pass(make, None))
+    whole, _ = _pass(lambda: make(0), COMPILED)
+    at = len(whole) // 2
+    for ext in (None, COMPILED):  # a state of the compiled path, resumed on both
+        resumed, _ = _pass(lambda: _resumed(make(0), whole[at - 1][1]), ext)
+        for i, ((a, _), (b, _)) in enumerate(zip(resumed, whole[at:])):
+            assert_same_batch(a, b, f"resumed batch {i}")
+        assert len(resumed) == len(whole) - at
+
+
+def _resumed(ldr, state):
+    ldr.load_state_dict(state, strict=True)
+    return ldr
+
+
+# -- the numpy path on the golden batches, and what stats() says --------------------------------
+
+def test_the_numpy_path_gives_the_recorded_batches():
+    env = dict(os.environ, STREAMFORGE_NO_EXT="1")
+    tool = os.path.join(ROOT, "tools", "batch_digest.py")
+    done = subprocess.run([sys.executable, tool, "--check", os.path.join(ROOT, "tools", "batch_digests.json")],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "all 5 jobs give the same batches" in done.stderr
+
+
+def test_the_environment_variable_selects_the_numpy_path():
+    code = "from streamforge.pipeline import core; print(core.name())"
+    for value, want in (("1", "numpy"), ("0", "compiled" if BUILT else "numpy")):
+        env = dict(os.environ, STREAMFORGE_NO_EXT=value)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        assert done.stdout.strip() == want
+
+
+def test_stats_say_which_path_runs(tmp_path):
+    corpus = _corpus(tmp_path, [[20, 30, 40]], 0)
+    for ext, want in ((None, "numpy"), (COMPILED, "compiled" if COMPILED is not None else "numpy")):
+        with path(ext):
+            ldr = loader(dataset(corpus, seq_len=16))
+            next(iter(ldr))
+            assert ldr.stats()["core"] == want
