@@ -11,20 +11,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.pipeline import random_docs, write_stream
-from helpers.s3_server import free_port
+from helpers.torchrun import torchrun
 
 pytest.importorskip("accelerate", reason="the accelerate tests need the accelerate extra (pip install -e '.[accelerate]')")
 
-ROOT = Path(__file__).parent.parent
 WORKER = Path(__file__).parent / "helpers" / "workers" / "accelerate_worker.py"
 SAVE_AT, STEPS = 5, 12
 
@@ -41,12 +37,7 @@ def job(tmp_path_factory):
 
 
 def _torchrun(out: Path, phase: str, urls: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER), str(out), phase, *urls]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun(WORKER, out, phase, *urls)
 
 
 def _steps(path: Path) -> dict[int, dict]:

@@ -16,30 +16,21 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.pipeline import random_docs, write_stream
-from helpers.s3_server import free_port
+from helpers.torchrun import torchrun
 from streamforge import Manifest
 
-ROOT = Path(__file__).parent.parent
 WORKER = Path(__file__).parent / "helpers" / "workers" / "mesh_worker.py"
 SAVE_AT, STEPS = 4, 6  # as in the worker
 
 
 def _torchrun(out: Path, mode: str, dp: int, tp: int, urls: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={dp * tp}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER), str(out), mode, str(dp), str(tp), *urls]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun(WORKER, out, mode, dp, tp, *urls, nproc=dp * tp)
 
 
 @pytest.fixture(scope="module")

@@ -11,20 +11,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.pipeline import random_docs, write_stream
-from helpers.s3_server import free_port
+from helpers.torchrun import torchrun
 from streamforge.errors import ConfigError
 from streamforge.topology import Topology
 
-ROOT = Path(__file__).parent.parent
 WORKER = Path(__file__).parent / "helpers" / "workers" / "topology_worker.py"
 
 
@@ -33,12 +29,7 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("topology")
     url = str(root / "web")
     write_stream(url, random_docs(np.random.default_rng(0), 60, 40))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER), str(root), url]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun(WORKER, root, url)
     return [json.loads((root / f"topology-p{r}.json").read_text()) for r in range(2)]
 
 

@@ -17,18 +17,15 @@ CUDA).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.pipeline import random_docs, write_stream
-from helpers.s3_server import free_port
+from helpers.torchrun import torchrun
 
 pytest.importorskip("torchtitan", reason="the torchtitan tests need torchtitan 0.3: pip install -c constraints.txt "
                                          "-e '.[test,torchtitan]' (docs/integrations-torchtitan.md)")
@@ -43,12 +40,7 @@ SAVE_AT, STEPS = 4, 8  # as in the worker
 
 
 def _torchrun(out: Path, mode: str, dp: int, replicas: int, urls: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={dp * replicas}", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER), str(out), mode, str(dp), str(replicas), *urls]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun(WORKER, out, mode, dp, replicas, *urls, nproc=dp * replicas)
 
 
 @pytest.fixture(scope="module")

@@ -180,20 +180,14 @@ class Packer:
         T = self.seq_len
         need = num_rows * T
         tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
-        runs = []
-        filled = 0
-        while filled < need:
-            got = self.source.take_run(need - filled)
-            if got is None:
-                break
-            stream, run = got
+
+        def place(run, filled: int) -> None:
             if ext.fill_rows(run.parts, tokens, filled) != run.size:  # parts it does not take
                 flat = np.empty(run.size, self.dtype)
                 run.copy_into(flat)
                 ext.fill_rows([flat], tokens, filled)
-            run.parts = None  # as in _concat_rows_numpy
-            runs.append((filled, stream, run))
-            filled += run.size
+
+        runs, filled = self._take_runs(need, place)
         if filled == 0:
             return None
         if filled < need:  # the end of a finite pass: the rows it fills, then padding
@@ -215,19 +209,7 @@ class Packer:
         tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
         tokens[:, T] = self.pad_id
         flat = tokens[:, :T].reshape(-1) if num_rows == 1 else np.empty(need, self.dtype)
-        runs = []
-        filled = 0
-        while filled < need:
-            got = self.source.take_run(need - filled)
-            if got is None:
-                break
-            stream, run = got
-            run.copy_into(flat[filled : filled + run.size])
-            # its tokens are copied: let go of its frames, or a window that ends mid-batch
-            # keeps a dozen of them alive while the next window is read
-            run.parts = None
-            runs.append((filled, stream, run))
-            filled += run.size
+        runs, filled = self._take_runs(need, lambda run, at: run.copy_into(flat[at : at + run.size]))
         if filled == 0:
             return None
         rows = -(-filled // T)
@@ -241,6 +223,24 @@ class Packer:
             tokens[:, :T] = grid.reshape(rows, T)
         lookahead = self._row_ends(tokens, filled, need)
         return RowBatch(tokens=tokens, lookahead=lookahead, **_join_runs(runs))
+
+    def _take_runs(self, need: int, place) -> tuple[list, int]:
+        """Runs of up to ``need`` tokens from the source, each put in place by ``place(run,
+        offset)``: ``([(offset, stream, run), ...], tokens taken)``."""
+        runs = []
+        filled = 0
+        while filled < need:
+            got = self.source.take_run(need - filled)
+            if got is None:
+                break
+            stream, run = got
+            place(run, filled)
+            # its tokens are copied: let go of its frames, or a window that ends mid-batch
+            # keeps a dozen of them alive while the next window is read
+            run.parts = None
+            runs.append((filled, stream, run))
+            filled += run.size
+        return runs, filled
 
     def _row_ends(self, tokens: np.ndarray, filled: int, need: int) -> np.ndarray:
         """Column T of rows whose tokens are in place (it holds padding): the token after
