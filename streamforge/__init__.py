@@ -18,6 +18,7 @@ from .loader.loader import StreamingLoader
 from .ledger.attach import LedgerConfig
 from .ledger.store import read_ledger
 from .pipeline.metrics import StreamLoss
+from .pipeline.cost import AttentionCost
 from .pipeline.masks import cu_seqlens, document_block_mask, packed_causal_mask
 from .resume.state import ResumeReport, merge_states, unpack_state
 from .storage.config import HedgePolicy, RetryPolicy, StorageConfig
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = sorted(
     [
+        "AttentionCost",
         "ConfigError",
         "LedgerError",
         "Manifest",
