@@ -186,6 +186,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", choices=[m[0] for m in MODES], help="loader modes (default: all)")
     p.add_argument("--steps", nargs="+", type=int, default=list(STEP_MS), help="step times, ms (default: 5 20 100)")
     p.add_argument("--quick", action="store_true", help="short run, no doc update")
+    p.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = p.parse_args(argv)
     args.command = " ".join(["python tools/bench_stall.py", *(sys.argv[1:] if argv is None else argv)])
     if args.quick:
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
         print(f"latency proxy: {slow_requests} requests, {slow_bytes / 1e6:.1f} MB")
         for line in stall_target(results, args):
             print(line)
-    if not args.quick:
+    if not (args.quick or args.no_write):
         write_doc(results, args, requests, faults)
     return 0
 

@@ -177,9 +177,9 @@ class _Handler(BaseHTTPRequestHandler):
                     wait = due - time.perf_counter()
                     if wait > 0:
                         time.sleep(wait)
-                self.wfile.write(part)
+                owner._sent(len(part))  # counted before the client can have it: counts read after a
+                self.wfile.write(part)  # client's read include it
                 sent += len(part)
-                owner._sent(len(part))
         self.wfile.flush()
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle

@@ -247,6 +247,8 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
     lines += [
         "The targets, each measured in this run (a bound is a ceiling, not a target):", "",
         *targets_table(res, args, {t: results[t] for t in large}), "",
+        "The stall target (20 ms steps, 2 workers, S3 at 25 ms: < 1% stall, no wait over 100 ms) is "
+        "measured by `tools/bench_stall.py --latency-ms 25 --bandwidth-mbps 100`, in its own section.", "",
         *bound_note(res),
         "Workarounds, all confined to the benchmark's own processes (`tools/peers/workarounds.py`):", "",
         *(f"- {note}" for note in WORKAROUNDS),
