@@ -124,6 +124,8 @@ def run_counted(spec: dict, backend: str, storage: Storage | None, timeout: floa
     storage.proxies.reset(endpoint)
     out = run_case(spec, timeout)
     counts = storage.proxies.counts(endpoint)
+    if not counts["gets"]:  # every cache is fresh: a pass that read S3 read it through the proxy
+        raise ChildFailed(f"no GET reached the proxy at {endpoint}: the loader read S3 some other way")
     out.update(requests=counts["requests"], gets=counts["gets"], read_bytes=counts["bytes"])
     return out
 
