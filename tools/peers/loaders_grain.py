@@ -4,7 +4,11 @@ per record; a new file each 16 MiB of documents); ``MapDataset.source(ArrayRecor
 ``.shuffle(seed)``, the records decoded to uint16 tokens; ``.to_iter_dataset(ReadOptions(
 num_threads=4, prefetch_buffer_size=64))``; ``ConcatThenSplitIterDataset`` packing into
 2049-token rows; ``.batch(8, drop_remainder=True)``; ``.mp_prefetch(MultiprocessingOptions(
-num_workers=N))`` for N workers; resume through the iterator's ``get_state``/``set_state``."""
+num_workers=N))`` for N workers; resume through the iterator's ``get_state``/``set_state``.
+
+``mp_prefetch`` starts its workers with multiprocessing's spawn (each imports the pipeline's
+modules afresh: part of Grain's first batch with workers), and each worker runs the pipeline up
+to the batch on its slice of the shuffled records, as torchtitan's does."""
 
 from __future__ import annotations
 
