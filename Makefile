@@ -64,7 +64,7 @@ $(TT_VENV)/.installed: pyproject.toml constraints.txt
 test-torchtitan: $(TT_VENV)/.installed
 	$(TT_PY) -m pytest -q -p no:cacheprovider tests/test_torchtitan.py
 
-# tools/bench_peers.py: streamforge next to LitData, MosaicML Streaming and WebDataset, in a
+# tools/bench_peers.py: streamforge next to Grain, LitData, MosaicML Streaming and WebDataset, in a
 # venv of its own: mosaicml-streaming pins google-cloud-storage below what gcsfs (a test
 # extra) needs, so the two extras cannot share one environment.
 BENCH_VENV ?= .venv-bench

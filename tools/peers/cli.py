@@ -15,7 +15,7 @@ from .growth import growth_section, measure_growth, plot_growth
 from .child import child_main
 from .measure import ensure_formats, measure_sizes, package_versions, systems_at
 from .report import peers_section, plot_peers
-from .settings import BATCH, BLOCK, M, ROOT, SYSTEMS
+from .settings import BACKENDS, BANDWIDTH_MBPS, BATCH, BLOCK, LATENCY_MS, M, ROOT, SYSTEMS
 
 
 def parse_args(argv, description: str = ""):
@@ -28,7 +28,12 @@ def parse_args(argv, description: str = ""):
     p.add_argument("--large-systems", nargs="+", choices=SYSTEMS,
                    help="systems measured at the sizes above the smallest (default: all of --systems)")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    p.add_argument("--backends", nargs="+", default=["local", "s3"], choices=["local", "s3"])
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
+                   help="local disk; loopback S3 (moto, through a proxy that only counts); S3 through a proxy "
+                        "adding --latency-ms to each response and capping each connection at --bandwidth-mbps")
+    p.add_argument("--latency-ms", type=float, default=LATENCY_MS, help="time to first byte of s3-latency")
+    p.add_argument("--bandwidth-mbps", type=float, default=BANDWIDTH_MBPS,
+                   help="MB/s per connection of s3-latency")
     p.add_argument("--resume-workers", type=int, default=2)
     p.add_argument("--resume-check", type=int, default=32, help="batches compared after each resume")
     p.add_argument("--no-resume", action="store_true")
@@ -103,7 +108,7 @@ def publish_peers(results: dict, metas: dict, args, run: dict) -> None:
         from _benchdoc import publish
 
         title = f"One pass of {BATCH}x{BLOCK} blocks, {min(results) / M:g}M tokens"
-        publish("peers", text, args.out, lambda path: plot_peers(results[min(results)], path, title),
+        publish("peers", text, args.out, lambda path: plot_peers(results[min(results)], path, title, args),
                 "peers_throughput.png")
 
 
@@ -117,8 +122,10 @@ def report_only(args) -> int:
         run = {"command": "python tools/bench_peers.py " + " ".join(a for a in sys.argv[1:] if a != "--report-only"),
                "versions": package_versions(), "date": datetime.date.today().isoformat(),
                "load": ", ".join(f"{x:.1f}" for x in os.getloadavg()), "args": vars(args)}
-    for key in ("systems", "large_systems", "workers", "backends", "repeats", "resume_workers", "resume_check"):
-        setattr(args, key, run["args"][key])
+    for key in ("systems", "large_systems", "workers", "backends", "repeats", "resume_workers", "resume_check",
+                "latency_ms", "bandwidth_mbps"):
+        if key in run["args"]:
+            setattr(args, key, run["args"][key])
     args.tokens = sorted(int(t) for t in dump["results"])
     metas = {int(t): m for t, m in dump["metas"].items()}
     results = {int(t): decode(r) for t, r in dump["results"].items()}

@@ -145,6 +145,10 @@ def write_format(meta: dict, system: str, out: str) -> None:
         write_mosaic(meta, out)
     elif system == "webdataset":
         write_webdataset(meta, out)
+    elif system == "grain":
+        from .loaders_grain import write_grain
+
+        write_grain(meta, out)
     else:
         raise ValueError(system)
 

@@ -9,7 +9,8 @@ import os
 
 import numpy as np
 
-from .settings import BATCH, BLOCK, CREDS, EQUAL, EQUAL_READ_AHEAD, EQUAL_SHUFFLE, SEQ_LEN
+from .loaders_grain import grain_loader
+from .settings import BATCH, BLOCK, CREDS, EQUAL, EQUAL_FIELDS, EQUAL_READ_AHEAD, EQUAL_SHUFFLE, SEQ_LEN
 from .workarounds import install_torchvision_stub
 
 
@@ -39,9 +40,12 @@ class Case:
 
     # -- building --------------------------------------------------------------------------
     MODULES = {"streamforge": ["streamforge"], "litdata": ["litdata"], "mosaic": ["streaming"],
-               "webdataset": ["webdataset", "torchdata.stateful_dataloader"]}
+               "webdataset": ["webdataset", "torchdata.stateful_dataloader"],
+               # Grain hands out NumPy arrays: torch, which the adapter wraps them in, is imported too
+               "grain": ["torch", "grain", "grain.experimental", "array_record.python.array_record_module"]}
     # the client each system reads S3 with, imported lazily by the system on its first read
-    S3_MODULES = {"streamforge": ["obstore", "s3fs"], "litdata": ["obstore"], "mosaic": ["boto3"], "webdataset": ["boto3"]}
+    S3_MODULES = {"streamforge": ["obstore", "s3fs"], "litdata": ["obstore"], "mosaic": ["boto3"], "webdataset": ["boto3"],
+                  "grain": []}
 
     def preload(self) -> None:
         """Import the system's modules (and, for S3, its storage client) before any clock
@@ -61,6 +65,8 @@ class Case:
     def tokens(self, batch) -> int:
         """Corpus tokens a batch consumed: streamforge's non-padding positions; a peer's blocks
         times 2049 (its blocks do not overlap)."""
+        if self.system == EQUAL:  # no doc_ids: padding is only in the pass's last batch (< 1 row)
+            return batch["input_ids"].numel()
         if self.system.startswith("streamforge"):
             # numpy, not torch: three tensor ops a batch cost ~30 us, 10% of a 0-worker pass,
             # on streamforge's clock alone (a peer's count is one numel())
@@ -72,7 +78,8 @@ class Case:
         h = hashlib.sha1()
         if self.system.startswith("streamforge"):
             for key in ("input_ids", "labels", "position_ids", "doc_ids", "source_ids"):
-                h.update(batch[key].numpy().tobytes())
+                if key in batch:
+                    h.update(batch[key].numpy().tobytes())
         else:
             h.update(batch.numpy().tobytes())
         return h.hexdigest()
@@ -83,16 +90,17 @@ def streamforge_loader(case: Case):
     from streamforge import PackedTokenDataset, Stream, StreamingLoader
     from streamforge.storage.config import StorageConfig
 
-    settings = {}
+    settings, fields = {}, None
     if case.system == EQUAL:
         settings = {"shuffle_buffer": EQUAL_SHUFFLE, "storage": StorageConfig(prefetch_bytes=EQUAL_READ_AHEAD)}
+        fields = EQUAL_FIELDS
     options = None
     if case.s3:
         options = {"key": CREDS["AWS_ACCESS_KEY_ID"], "secret": CREDS["AWS_SECRET_ACCESS_KEY"],
                    "client_kwargs": {"endpoint_url": case.s3["endpoint"]}, "skip_instance_cache": True}
     dataset = PackedTokenDataset(Stream(case.location, storage_options=options, name="corpus"),
                                  seq_len=SEQ_LEN, seed=0, **settings)
-    return StreamingLoader(dataset, batch_size=BATCH, num_workers=case.workers, device="cpu")
+    return StreamingLoader(dataset, batch_size=BATCH, num_workers=case.workers, device="cpu", fields=fields)
 
 
 def litdata_loader(case: Case):
@@ -158,4 +166,4 @@ def webdataset_loader(case: Case):
 
 
 LOADERS = {"streamforge": streamforge_loader, "litdata": litdata_loader, "mosaic": mosaic_loader,
-           "webdataset": webdataset_loader}
+           "webdataset": webdataset_loader, "grain": grain_loader}

@@ -7,21 +7,18 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
-from typing import TYPE_CHECKING
 
 from .corpus import dir_bytes, save_meta
 from .harness import ChildFailed, run_case, run_child
+from .loaders_grain import S3_REASON as GRAIN_S3_REASON
 from .settings import BUCKET, CEILINGS, CREDS, EQUAL, PACKAGES, POSITIONS, ROOT
 from .workarounds import litdata_index_mismatch
-
-if TYPE_CHECKING:
-    from streamforge.demo.s3 import LoopbackS3
 
 
 def package_versions() -> dict[str, str]:
     out = {}
-    for name in ("streamforge", "torch", "numpy", "zstandard", "litdata", "obstore", "mosaicml-streaming",
-                 "webdataset", "torchdata", "moto", "psutil"):
+    for name in ("streamforge", "torch", "numpy", "zstandard", "grain", "array-record", "litdata", "obstore",
+                 "mosaicml-streaming", "webdataset", "torchdata", "moto", "psutil"):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -37,11 +34,12 @@ def missing_package(system: str) -> str | None:
         importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return f"`{package}` is not installed (`make venv-bench`)"
-    if system == "webdataset":
+    extra = {"webdataset": "torchdata", "grain": "array-record"}.get(system)
+    if extra:
         try:
-            importlib.metadata.version("torchdata")
+            importlib.metadata.version(extra)
         except importlib.metadata.PackageNotFoundError:
-            return "`torchdata` is not installed (`make venv-bench`)"
+            return f"`{extra}` is not installed (`make venv-bench`)"
     return None
 
 
@@ -68,7 +66,38 @@ def ensure_formats(meta: dict, systems: list[str], timeout: float) -> None:
         save_meta(meta)
 
 
-def location(meta: dict, system: str, backend: str, s3: LoopbackS3 | None) -> str:
+class Storage:
+    """The S3 side of a run: moto in a child process (``LoopbackS3(in_process=False)``) and, in
+    another child, the proxies the loaders read it through (``latency_proxy.ProxyProcess``):
+    ``s3`` adds nothing and counts, ``s3-latency`` adds the time to first byte and the
+    per-connection cap. Uploads go to moto directly; each case's requests and bytes are counted
+    at its proxy."""
+
+    def __init__(self, latency_ms: float, bandwidth_mbps: float) -> None:
+        from streamforge.demo.s3 import LoopbackS3
+
+        from .latency_proxy import ProxyProcess
+
+        self.server = LoopbackS3(key=CREDS["AWS_ACCESS_KEY_ID"], secret=CREDS["AWS_SECRET_ACCESS_KEY"],
+                                 in_process=False).start()
+        try:
+            self.proxies = ProxyProcess(self.server.endpoint_url, [(0, 0), (latency_ms, bandwidth_mbps)])
+        except BaseException:
+            self.server.stop()
+            raise
+        self.endpoints = dict(zip(("s3", "s3-latency"), self.proxies.endpoints))
+
+    def upload(self, local: str, prefix: str) -> None:
+        self.server.upload(local, BUCKET, prefix)
+
+    def stop(self) -> None:
+        try:
+            self.proxies.stop()
+        finally:
+            self.server.stop()
+
+
+def location(meta: dict, system: str, backend: str) -> str:
     if system in ("memmap", "contract"):
         return meta["flat"]
     if system in ("zstd", EQUAL):  # streamforge's shards
@@ -78,12 +107,39 @@ def location(meta: dict, system: str, backend: str, s3: LoopbackS3 | None) -> st
     return f"s3://{BUCKET}/{os.path.basename(meta['root'])}/{system}"
 
 
-def case_spec(meta: dict, system: str, workers: int, backend: str, s3: LoopbackS3 | None, cache: str) -> dict:
-    spec = {"kind": "pass", "system": system, "workers": workers, "location": location(meta, system, backend, s3),
+def case_spec(meta: dict, system: str, workers: int, backend: str, storage: Storage | None, cache: str) -> dict:
+    spec = {"kind": "pass", "system": system, "workers": workers, "location": location(meta, system, backend),
             "cache": cache, "tokens": meta["flat_tokens"], "starts": meta["starts"]}
-    if backend == "s3":
-        spec["s3"] = {"endpoint": s3.endpoint_url, "listing": meta["formats"][system]["dir"]}
+    if backend != "local":
+        spec["s3"] = {"endpoint": storage.endpoints[backend], "listing": meta["formats"][system]["dir"]}
     return spec
+
+
+def run_counted(spec: dict, backend: str, storage: Storage | None, timeout: float) -> dict:
+    """A case; from S3, with the requests and body bytes its proxy saw (``requests``, ``gets``,
+    ``read_bytes``)."""
+    if backend == "local":
+        return run_case(spec, timeout)
+    endpoint = storage.endpoints[backend]
+    storage.proxies.reset(endpoint)
+    out = run_case(spec, timeout)
+    counts = storage.proxies.counts(endpoint)
+    if not counts["gets"]:  # every cache is fresh: a pass that read S3 read it through the proxy
+        raise ChildFailed(f"no GET reached the proxy at {endpoint}: the loader read S3 some other way")
+    out.update(requests=counts["requests"], gets=counts["gets"], read_bytes=counts["bytes"])
+    return out
+
+
+def not_runnable(case: tuple, meta: dict) -> str | None:
+    """Why a case cannot run at all here (known before it runs), or None."""
+    system, _, backend = case
+    if backend == "local":
+        return None
+    if system == "grain":
+        return GRAIN_S3_REASON
+    if system.startswith("litdata"):
+        return litdata_index_mismatch(meta["formats"][system]["dir"])
+    return None
 
 
 def systems_at(args, tokens: int) -> list[str]:
@@ -94,7 +150,7 @@ def systems_at(args, tokens: int) -> list[str]:
     return [s for s in args.systems if s in args.large_systems]
 
 
-def measure_size(size: int, meta: dict, args, s3: LoopbackS3 | None) -> dict:
+def measure_size(size: int, meta: dict, args, storage: Storage | None) -> dict:
     """Throughput cases (interleaved per repeat) and, at the main size, resume for one corpus size."""
     from tqdm import tqdm
 
@@ -110,44 +166,44 @@ def measure_size(size: int, meta: dict, args, s3: LoopbackS3 | None) -> dict:
         for _ in range(args.repeats):
             for case in cases:
                 bar.set_postfix_str("/".join(map(str, case)))
-                if case not in errors and case[2] == "s3" and case[0].startswith("litdata"):
-                    reason = litdata_index_mismatch(meta["formats"][case[0]]["dir"])
+                if case not in errors:
+                    reason = not_runnable(case, meta)
                     if reason:
                         errors[case] = reason
                 if case not in errors:
                     try:
-                        runs[case].append(run_case(case_spec(meta, *case, s3, cache), args.timeout))
+                        runs[case].append(run_counted(case_spec(meta, *case, storage, cache), case[2], storage,
+                                                      args.timeout))
                     except ChildFailed as e:
                         errors[case] = str(e)
                 bar.update()
     # resume: on the main corpus only (positions scale with it)
-    resume = {} if args.no_resume or size > min(args.tokens) else measure_resume(meta, args, ok, runs, errors, s3)
+    resume = {} if args.no_resume or size > min(args.tokens) else measure_resume(meta, args, ok, runs, errors)
     return {"runs": runs, "errors": errors, "resume": resume}
 
 
 def measure_sizes(metas: dict, args) -> dict:
     """{size: results} for each corpus size; the S3 cases read a loopback S3 server (moto in a
-    child process, so its CPU and memory are not the case's) holding each system's copy."""
-    s3 = None
-    if "s3" in args.backends:
-        from streamforge.demo.s3 import LoopbackS3
-
-        s3 = LoopbackS3(key=CREDS["AWS_ACCESS_KEY_ID"], secret=CREDS["AWS_SECRET_ACCESS_KEY"], in_process=False).start()
+    child process, so its CPU and memory are not the case's) holding each system's copy, through
+    a proxy in another child (``Storage``)."""
+    storage = None
+    if any(b != "local" for b in args.backends):
+        storage = Storage(args.latency_ms, args.bandwidth_mbps)
     results = {}
     try:
         for tokens, meta in metas.items():
-            if s3:
+            if storage:
                 for system in systems_at(args, tokens):
-                    if "error" not in meta["formats"][system]:
-                        s3.upload(meta["formats"][system]["dir"], BUCKET, f"{os.path.basename(meta['root'])}/{system}")
-            results[tokens] = measure_size(tokens, meta, args, s3)
+                    if "error" not in meta["formats"][system] and system != "grain":
+                        storage.upload(meta["formats"][system]["dir"], f"{os.path.basename(meta['root'])}/{system}")
+            results[tokens] = measure_size(tokens, meta, args, storage)
     finally:
-        if s3:
-            s3.stop()
+        if storage:
+            storage.stop()
     return results
 
 
-def measure_resume(meta: dict, args, systems: list[str], runs: dict, errors: dict, s3) -> dict:
+def measure_resume(meta: dict, args, systems: list[str], runs: dict, errors: dict) -> dict:
     from tqdm import tqdm
 
     w = args.resume_workers
@@ -163,7 +219,7 @@ def measure_resume(meta: dict, args, systems: list[str], runs: dict, errors: dic
         cdir = os.path.join(meta["root"], "resume", system)
         shutil.rmtree(cdir, ignore_errors=True)
         os.makedirs(cdir)
-        spec = case_spec(meta, system, w, "local", s3, cache)
+        spec = case_spec(meta, system, w, "local", None, cache)
         try:
             got = run_case({**spec, "capture": {"dir": cdir, "at": at}}, args.timeout)
         except ChildFailed as e:

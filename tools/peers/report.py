@@ -5,35 +5,26 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
 
 from _benchdoc import spread
 
 from .measure import systems_at
-from .settings import (BATCH, CEILINGS, EQUAL, EQUAL_READ_AHEAD, EQUAL_SHUFFLE, M, NAMES, PEERS, POSITIONS,
-                       SYSTEMS)
+from .settings import (BATCH, CEILINGS, EQUAL, EQUAL_FIELDS, EQUAL_READ_AHEAD, EQUAL_SHUFFLE, M, NAMES, POSITIONS,
+                       SYSTEMS, storage_name)
+from .targets import bound_note, case_stats, med, targets_table
+from .workarounds import NOTES as WORKAROUNDS
 
 
-def med(values) -> float:
-    return float(statistics.median(values))
-
-
-def case_stats(rs: list[dict]) -> dict:
-    return {"rate": [r["tokens"] / r["seconds"] for r in rs],
-            "cpu_per_b": [r["cpu"] / r["tokens"] * 1e9 for r in rs],
-            "first": [r["first"] for r in rs if r["first"] is not None],
-            "rss": [r["rss"] for r in rs if r.get("rss")]}
-
-
-def row_label(system: str, workers: int, backend: str) -> str:
+def row_label(system: str, workers: int, backend: str, args) -> str:
     if system in CEILINGS:
         return NAMES[system]
-    return f"{NAMES[system]} | {workers} | {'local disk' if backend == 'local' else 'loopback S3'}"
+    return f"{NAMES[system]} | {workers} | {storage_name(backend, args.latency_ms, args.bandwidth_mbps)}"
 
 
 def throughput_table(res: dict, args) -> list[str]:
     lines = ["| system | workers | storage | tokens/s, M (min-max) | x streamforge | CPU-s per 1B tokens | "
-             "first batch, s | peak RSS, MiB (tree) |", "|---|---|---|---|---|---|---|---|"]
+             "first batch, s | peak RSS, MiB (tree) | S3 requests per GB read (MB read) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     runs, errors = res["runs"], res["errors"]
     base = {}
     for (system, w, b), rs in runs.items():
@@ -43,17 +34,18 @@ def throughput_table(res: dict, args) -> list[str]:
         if system in CEILINGS:
             label = f"{NAMES[system]} | 0 | local disk"
         else:
-            label = row_label(system, w, b)
+            label = row_label(system, w, b, args)
         if not rs:
-            lines.append(f"| {label} | not runnable: {errors.get((system, w, b), 'no result')} | | | | |")
+            lines.append(f"| {label} | not runnable: {errors.get((system, w, b), 'no result')} | | | | | |")
             continue
         st = case_stats(rs)
         ref = base.get((w, b)) if system not in CEILINGS else base.get((0, "local"))
         ratio = f"{med(st['rate']) / ref:.2f}" if ref else "-"
         first = spread(st["first"], fmt="{:.3f}") if st["first"] else "-"
         rss = spread(st["rss"], 2**20, "{:.0f}") if st["rss"] else "-"
+        reqs = f"{spread(st['req_per_gb'], fmt='{:.0f}')} ({med(st['read_mb']):.0f})" if st["req_per_gb"] else "-"
         lines.append(f"| {label} | {spread(st['rate'], M)}{failed_runs(rs, errors.get((system, w, b)), args)} | "
-                     f"{ratio} | {spread(st['cpu_per_b'], fmt='{:.0f}')} | {first} | {rss} |")
+                     f"{ratio} | {spread(st['cpu_per_b'], fmt='{:.0f}')} | {first} | {rss} | {reqs} |")
     return lines
 
 
@@ -77,7 +69,7 @@ def scale_table(results: dict, args) -> list[str]:
         cells = " | ".join(f"{r / M:.1f}M" if r else ("not run" if key[0] not in systems_at(args, t) else "-")
                            for r, t in zip(rates, sizes))
         grow = f"{rates[-1] / rates[0]:.2f}x" if rates[0] and rates[-1] else "-"
-        lines.append(f"| {row_label(*key)} | {cells} | {grow} |")
+        lines.append(f"| {row_label(*key, args)} | {cells} | {grow} |")
     left_out = {}
     for key in keys:
         for t in sizes[1:]:
@@ -116,118 +108,12 @@ def resume_table(res: dict, args) -> list[str]:
 
 
 
-def _rate(res: dict, key) -> float | None:
-    rs = res["runs"].get(key) or []
-    return med(case_stats(rs)["rate"]) if rs else None
-
-
-def _best_peer(res: dict, workers: int, backend: str, what: str = "rate", least: bool = False):
-    """(system, median) of the peer with the highest ``what`` (the lowest with ``least``) in
-    one configuration, or None when no peer ran there."""
-    found = []
-    for system in PEERS:
-        rs = res["runs"].get((system, workers, backend)) or []
-        values = case_stats(rs)[what] if rs else []
-        if values:
-            found.append((med(values), system))
-    if not found:
-        return None
-    value, system = min(found) if least else max(found)
-    return system, value
-
-
-def _verdict(ok: bool | None) -> str:
-    return "-" if ok is None else ("met" if ok else "**missed**")
-
-
-def bound_note(res: dict) -> list[str]:
-    """What bounds the 0-worker throughput target, from this run's ceilings."""
-    contract, zstd, best = _rate(res, ("contract", 0, "local")), _rate(res, ("zstd", 0, "local")), \
-        _best_peer(res, 0, "local")
-    if not (contract and zstd and best):
-        return []
-    one_core = 1 / (1 / contract + 1 / zstd)
-    return [
-        f"What bounds the 0-worker target: building the five tensors of the contract, with no decode, no "
-        f"shuffle and no state, runs at {contract / M:.0f}M tokens/s on one core ({contract / best[1]:.2f}x "
-        f"{NAMES[best[0]]}); with zstd decoding on the same core the two come to {one_core / M:.0f}M "
-        f"({one_core / best[1]:.2f}x), and with the decoding moved to the second core, as the read-ahead does, "
-        f"the contract alone is the bound. 1.5x the fastest peer is {1.5 * best[1] / contract:.0%} of that "
-        "ceiling, before any shuffling, packing or state is paid for.", "",
-    ]
-
-
-def targets_table(res: dict, args, larger: dict | None = None) -> list[str]:
-    """Each target of the comparison, measured in this run on the main corpus: streamforge's
-    figure, the figure it is held against, and whether it is met; ``larger`` (size: results)
-    adds the workers target on the larger corpora."""
-    rows = []
-    for w, b in ((0, "local"), (2, "local"), (2, "s3")):
-        ours, best = _rate(res, ("streamforge", w, b)), _best_peer(res, w, b)
-        if ours and best:
-            rows.append((f"tokens/s >= 1.5x the fastest peer, {w} workers, {'local' if b == 'local' else 'S3'}",
-                         f"{ours / M:.1f}M", f"{NAMES[best[0]]} {best[1] / M:.1f}M",
-                         f"{ours / best[1]:.2f}x", ours >= 1.5 * best[1]))
-    contract, ours0, best0 = _rate(res, ("contract", 0, "local")), _rate(res, ("streamforge", 0, "local")), \
-        _best_peer(res, 0, "local")
-    if contract and best0:
-        rows.append(("bound: the full contract from a flat memmap (no decode, no shuffle, one core) / the "
-                     "fastest peer, 0 workers, local", f"{contract / M:.1f}M", f"{best0[1] / M:.1f}M",
-                     f"{contract / best0[1]:.2f}x", None))
-    for w in sorted({w for (_, w, b) in res["runs"] if b == "s3"}):
-        rs = res["runs"].get(("streamforge", w, "s3")) or []
-        best = _best_peer(res, w, "s3", "first", least=True)
-        if rs and best:
-            ours = med(case_stats(rs)["first"])
-            rows.append((f"first batch from S3 <= 0.5x the fastest peer's, {w} workers", f"{ours:.3f} s",
-                         f"{NAMES[best[0]]} {best[1]:.3f} s", f"{ours / best[1]:.2f}x", ours <= 0.5 * best[1]))
-    resume = res.get("resume") or {}
-    ours_r = resume.get("streamforge") or {}
-    for i, frac in enumerate(POSITIONS):
-        if "at" not in ours_r or i >= len(ours_r["at"]):
-            break
-        ours = ours_r["times"].get(ours_r["at"][i]) or ours_r["times"].get(str(ours_r["at"][i]))
-        peers = []
-        for system in PEERS:
-            r = resume.get(system) or {}
-            if "at" not in r or i >= len(r["at"]):
-                continue
-            b = r["at"][i]
-            times, exact = r["times"].get(b) or r["times"].get(str(b)), r["exact"].get(b) or r["exact"].get(str(b))
-            if times and exact and all(exact):
-                peers.append((med(times), system))
-        if ours and peers:
-            best_t, best_s = min(peers)
-            rows.append((f"resume at {frac:.0%} <= 0.5x the fastest exact peer's, {args.resume_workers} workers",
-                         f"{med(ours):.3f} s", f"{NAMES[best_s]} {best_t:.3f} s", f"{med(ours) / best_t:.2f}x",
-                         med(ours) <= 0.5 * best_t))
-    lightest = _best_peer(res, 0, "local", "rss", least=True)
-    for system in ("streamforge", EQUAL):
-        rs = res["runs"].get((system, 0, "local")) or []
-        if rs and lightest and case_stats(rs)["rss"]:
-            ours = med(case_stats(rs)["rss"])
-            rows.append((f"peak RSS <= the lightest peer's, 0 workers, local: {NAMES[system]}",
-                         f"{ours / 2**20:.0f} MiB", f"{NAMES[lightest[0]]} {lightest[1] / 2**20:.0f} MiB",
-                         f"{ours / lightest[1]:.2f}x", ours <= lightest[1]))
-    for size, sized in [(None, res)] + [(t, r) for t, r in sorted((larger or {}).items())]:
-        for b in ("local", "s3"):
-            two, zero = _rate(sized, ("streamforge", 2, b)), _rate(sized, ("streamforge", 0, b))
-            if two and zero:
-                at = f", {size / M:g}M-token corpus" if size else ""
-                rows.append((f"2 workers >= 0 workers, {'local' if b == 'local' else 'S3'}{at}", f"{two / M:.1f}M",
-                             f"{zero / M:.1f}M", f"{two / zero:.2f}x", two >= zero))
-    zstd = _rate(res, ("zstd", 0, "local"))
-    if zstd and ours0:
-        rows.append(("0 workers, local >= 50% of raw zstd decoding of the same shards (one core)",
-                     f"{ours0 / M:.1f}M", f"{zstd / M:.1f}M", f"{ours0 / zstd:.0%}", ours0 >= 0.5 * zstd))
-    lines = ["| target | streamforge | against | ratio | |", "|---|---|---|---|---|"]
-    lines += [f"| {t} | {a} | {b} | {r} | {_verdict(ok)} |" for t, a, b, r, ok in rows]
-    return lines
-
 
 def formats_table(meta: dict) -> list[str]:
     lines = ["| system | format, as its own writer wrote it | files | MB on disk | write, s |", "|---|---|---|---|---|"]
     kinds = {"streamforge": "tar/zstd shards (`ShardWriter`, 16 MiB, zstd level 3), one record per document",
+             "grain": "ArrayRecord files (`ArrayRecordWriter(path, 'group_size:1')`, zstd:3 per record), a new "
+                      "file each 16 MiB of records, one record per document",
              "litdata-zstd": "`litdata.optimize(..., item_loader=TokensLoader(), compression='zstd')`, 16 MB chunks, "
                              "one item per document",
              "litdata-raw": "`litdata.optimize(..., item_loader=TokensLoader())`, 16 MB chunks, one item per document",
@@ -243,7 +129,7 @@ def formats_table(meta: dict) -> list[str]:
     return lines
 
 
-def plot_peers(res: dict, path: str, title: str) -> None:
+def plot_peers(res: dict, path: str, title: str, args) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,7 +137,8 @@ def plot_peers(res: dict, path: str, title: str) -> None:
 
     runs = res["runs"]
     systems = [s for s in SYSTEMS if any(k[0] == s for k in runs)]
-    configs = sorted({(w, b) for (s, w, b) in runs if s not in CEILINGS}, key=lambda c: (c[1] != "local", c[0]))
+    order = {"local": 0, "s3": 1, "s3-latency": 2}
+    configs = sorted({(w, b) for (s, w, b) in runs if s not in CEILINGS}, key=lambda c: (order[c[1]], c[0]))
     fig, ax = plt.subplots(figsize=(10, 4.2))
     width = 0.8 / max(1, len(configs))
     for i, (w, b) in enumerate(configs):
@@ -264,7 +151,7 @@ def plot_peers(res: dict, path: str, title: str) -> None:
             hi.append(max(r) - med(r))
         xs = [j + (i - (len(configs) - 1) / 2) * width for j in range(len(systems))]
         bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2,
-                      label=f"{w} workers, {'local disk' if b == 'local' else 'loopback S3'}")
+                      label=f"{w} workers, {storage_name(b, args.latency_ms, args.bandwidth_mbps)}")
         ax.bar_label(bars, labels=[f"{v:.0f}" if v else "n/a" for v in vals], fontsize=7)
     for c, style in zip(CEILINGS, (":", "-.", "--")):
         rs = runs.get((c, 0, "local")) or []
@@ -292,7 +179,7 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
     large = [t for t in sorted(results) if t != main]
     sizes_text = ", ".join(f"{metas[t]['documents']:,} documents, {metas[t]['tokens']:,} tokens" for t in large)
     lines = [
-        "## streamforge next to LitData, MosaicML Streaming and WebDataset (`tools/bench_peers.py`)", "",
+        "## streamforge next to Grain, LitData, MosaicML Streaming and WebDataset (`tools/bench_peers.py`)", "",
         f"`{command}`, {run['date']}, {platform.machine()} with {os.cpu_count()} CPUs "
         f"(shared with other work; load average {load} at the end), Python {platform.python_version()}.", "",
         f"Versions: {vers}.", "",
@@ -306,7 +193,10 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
         f"(local {LOCAL_READ_AHEAD[0] >> 20} MiB on one fetch thread, S3 {REMOTE_READ_AHEAD[0] >> 20} MiB on four), S3 read through obstore's client in the "
         "training process and over signed HTTP requests (`storage/s3http.py`) in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
-        "(LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
+        "(Grain as torchtitan builds it: `MapDataset.source(ArrayRecordDataSource).shuffle(0)`, "
+        "`to_iter_dataset(ReadOptions(num_threads=4, prefetch_buffer_size=64))`, `ConcatThenSplitIterDataset` "
+        "into 2049-token rows, `batch(8, drop_remainder=True)`, `mp_prefetch(MultiprocessingOptions(num_workers=2))` "
+        "with 2 workers; LitData's `TokensLoader(block_size=2049)` with `shuffle=True`; Mosaic's `shuffle=True`; "
         "WebDataset's shard shuffle and a 1000-block sample shuffle, seeded). tokens/s counts corpus tokens "
         "delivered (streamforge: non-padding positions; a peer: 2049 per block) over the seconds from "
         "building the loader to the end of the pass, imports excluded (the system's modules and, from S3, "
@@ -314,16 +204,26 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "in a fresh "
         f"process; medians of {args.repeats} runs (min-max), cases interleaved within each repeat. "
         "CPU-seconds: user + sys of the case process and its workers (psutil, sampled at the start and the "
-        "end of the pass, reaped children included), per billion tokens; the S3 server's CPU is not counted. "
+        "end of the pass, reaped children included), per billion tokens; the CPU of the S3 server and of the proxy "
+        "in front of it (each in a process of its own) is not counted. "
         "Peak RSS: the summed RSS of the case process and its descendants, sampled every 50 ms from the "
-        "parent with psutil (pages shared by forked workers count once per process). Loopback S3: moto on "
-        "127.0.0.1 in a child of the tool, started and stopped by it. Ratios: tokens/s over streamforge's "
+        "parent with psutil (pages shared by forked workers count once per process). S3: moto on "
+        "127.0.0.1 in a child of the tool, read through a proxy of the tool's own (`tools/peers/latency_proxy.py`, "
+        "in another child; both started and stopped by the tool through their pids) that counts each request "
+        "and the body bytes it sends. Loopback S3: the proxy adds nothing. "
+        f"{storage_name('s3-latency', args.latency_ms, args.bandwidth_mbps)}: the proxy waits "
+        f"{args.latency_ms:g} ms before each response (time to first byte, as S3 in a region: 10-30 ms) and sends "
+        f"each connection's bodies no faster than {args.bandwidth_mbps:g} MB/s (about what one connection to S3 "
+        "carries); every client keeps its connections alive and reads in parallel as it would from S3. "
+        "Requests per GB read: the requests the proxy saw (every method) over the body bytes it sent, "
+        "what a bucket bills by. Ratios: tokens/s over streamforge's "
         "with the same workers and storage (ceilings: over streamforge's with 0 workers, local disk).", "",
         "![tokens/s per system](img/peers_throughput.png)", "",
         *throughput_table(res, args), "",
-        f"{NAMES[EQUAL]}: `shuffle_buffer={EQUAL_SHUFFLE}` (about the 2M tokens of WebDataset's 1000-block "
-        f"sample buffer) and `StorageConfig(prefetch_bytes={EQUAL_READ_AHEAD >> 20} MiB)`, the settings at which "
-        "its memory is compared (docs/storage.md says what each knob buys).", "",
+        f"{NAMES[EQUAL]}: `StreamingLoader(fields={EQUAL_FIELDS!r})` (the two tensors a peer's int64 block "
+        f"stands for), `shuffle_buffer={EQUAL_SHUFFLE}` (about the 2M tokens of WebDataset's 1000-block "
+        f"sample buffer) and `StorageConfig(prefetch_bytes={EQUAL_READ_AHEAD >> 20} MiB)`: equal output at equal "
+        "settings, where its memory is compared (docs/storage.md says what each knob buys).", "",
     ]
     if large:
         lines += [
@@ -338,7 +238,8 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
             "builds the loader, loads the state saved after that many batches of an uninterrupted pass and takes "
             f"the first batch (timed, median (min-max) of {args.repeats}); the next {args.resume_check} batches "
             "(or the rest of the pass) are compared with the uninterrupted pass's, bit for bit. Mechanisms: "
-            "streamforge `loader.state_dict()`/`load_state_dict()`; LitData's and Mosaic's "
+            "streamforge `loader.state_dict()`/`load_state_dict()`; Grain's iterator `get_state()`/`set_state()`; "
+            "LitData's and Mosaic's "
             "`StreamingDataLoader.state_dict()`/`load_state_dict()`; WebDataset in torchdata's "
             "`StatefulDataLoader` (WebDataset keeps no state of its own, so the loader replays the "
             "samples already seen to get back to the position).", "",
@@ -347,24 +248,11 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
     lines += [
         "The targets, each measured in this run (a bound is a ceiling, not a target):", "",
         *targets_table(res, args, {t: results[t] for t in large}), "",
+        "The stall target (20 ms steps, 2 workers, S3 at 25 ms: < 1% stall, no wait over 100 ms) is "
+        "measured by `tools/bench_stall.py --latency-ms 25 --bandwidth-mbps 100`, in its own section.", "",
         *bound_note(res),
-        "Workarounds, all confined to the benchmark's own processes:", "",
-        "- **MosaicML Streaming** imports torchvision when it is imported (`streaming.vision`), and the "
-        "registry's torchvision wheel does not load with this torch (`RuntimeError: operator torchvision::nms "
-        "does not exist`). Each Mosaic process gets a stand-in `torchvision` module (`install_torchvision_stub`) "
-        "before importing `streaming`; text datasets never call into it. mosaicml-streaming also pins "
-        "`google-cloud-storage<3.3`, below what gcsfs (a test extra) needs: the peers live in their own "
-        "venv, `make venv-bench`.",
-        "- **LitData** downloads chunks with obstore, which refuses `http://` endpoints unless its client "
-        "options say `allow_http`; LitData passes fixed client options (so obstore's `AWS_ALLOW_HTTP` "
-        "variable is not read) and has no setting for it, so the LitData processes add `allow_http` to "
-        "`litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS` when the endpoint is plain http. The endpoint "
-        "and keys go in `storage_options`; chunks are cached in a fresh directory per run, removed after it.",
-        "- **WebDataset** reads http URLs through `curl` (its `gopen`); moto refuses anonymous GETs, so the "
-        "shard URLs are presigned (boto3) when the loader is built. Its shard list is kept beside the shards "
-        "(`shards.json`), WebDataset having no index.",
-        "- **MosaicML Streaming** from S3 copies each shard into a local cache directory (fresh per run) and "
-        "reads it there; `S3_ENDPOINT_URL` names the endpoint.",
+        "Workarounds, all confined to the benchmark's own processes (`tools/peers/workarounds.py`):", "",
+        *(f"- {note}" for note in WORKAROUNDS),
     ]
     return "\n".join(lines)
 

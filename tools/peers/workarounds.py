@@ -1,5 +1,7 @@
 """What the peers need to run here at all, confined to the benchmark's own processes: a stand-in
-torchvision for MosaicML Streaming, and the check that LitData can read its zstd chunks from S3."""
+torchvision for MosaicML Streaming, and the check that LitData can read its zstd chunks from S3;
+``NOTES``, the report's list of every workaround (the code of the others is beside the loader
+it serves, in ``loaders.py`` and ``loaders_grain.py``)."""
 
 from __future__ import annotations
 
@@ -62,3 +64,30 @@ def litdata_index_mismatch(local: str) -> str | None:
             return LITDATA_ZSTD_REMOTE.format(version=importlib.metadata.version("litdata"), written=plain,
                                               indexed=name)
     return None
+
+
+NOTES = (
+    "**MosaicML Streaming** imports torchvision when it is imported (`streaming.vision`), and the "
+    "registry's torchvision wheel does not load with this torch (`RuntimeError: operator torchvision::nms "
+    "does not exist`). Each Mosaic process gets a stand-in `torchvision` module (`install_torchvision_stub`) "
+    "before importing `streaming`; text datasets never call into it. mosaicml-streaming also pins "
+    "`google-cloud-storage<3.3`, below what gcsfs (a test extra) needs: the peers live in their own "
+    "venv, `make venv-bench`.",
+    "**LitData** downloads chunks with obstore, which refuses `http://` endpoints unless its client "
+    "options say `allow_http`; LitData passes fixed client options (so obstore's `AWS_ALLOW_HTTP` "
+    "variable is not read) and has no setting for it, so the LitData processes add `allow_http` to "
+    "`litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS` when the endpoint is plain http. The endpoint "
+    "(the proxy's) and keys go in `storage_options`; chunks are cached in a fresh directory per run, removed "
+    "after it.",
+    "**WebDataset** reads http URLs through `curl` (its `gopen`); moto refuses anonymous GETs, so the "
+    "shard URLs are presigned (boto3, against the proxy's endpoint, whose host the signature covers and "
+    "the proxy passes on unchanged) when the loader is built. Its shard list is kept beside the shards "
+    "(`shards.json`), WebDataset having no index.",
+    "**MosaicML Streaming** from S3 copies each shard into a local cache directory (fresh per run) and "
+    "reads it there; `S3_ENDPOINT_URL` names the endpoint (the proxy's).",
+    "**Grain** reads ArrayRecord files by local path only (array_record's C++ reader opens them on the "
+    "local file system), so its S3 cells are reported as not runnable; nothing is mounted or copied for "
+    "it. Its pipeline hands out NumPy arrays: a `map` after `batch` casts the uint16 rows to int64, as the "
+    "other peers' collate functions do, and the adapter (`GrainLoader`) wraps them in tensors without a "
+    "copy and passes the live iterator's `get_state()`/`set_state()` as `state_dict`/`load_state_dict`.",
+)
