@@ -23,6 +23,7 @@ from ..loader.clock import PassRest
 from ..loader.counters import spread
 from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
+from ..planning.steps import step_at_tokens
 from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
 from .state import (
     STATE_VERSION, UNDIGESTED_VERSION, ResumeReport, config_differences, config_fingerprint, pack_state,
@@ -295,9 +296,12 @@ class Checkpointer:
             first = min(p for p, _ in positions)
             positions = [(first, f if p == first else 1.0) for p, f in positions]
         if step is None:
-            per_step = self.dataset.world_size * loader.batch_size * self.dataset.config.seq_len
-            step = int(round(sum(float(v) for v in tokens_seen.values()) / per_step))
-            notes.append(f"step {step} estimated from the tokens seen ({per_step:,} tokens per step)")
+            seen = sum(float(v) for v in tokens_seen.values()) / self.dataset.world_size
+            step = step_at_tokens(loader.batch_sizes, self.dataset.seq_lens, seen)
+            per_step = self.dataset.world_size * loader.batch_sizes.at(0) * self.dataset.seq_lens.at(0)
+            notes.append(f"step {step} estimated from the tokens seen ({per_step:,} tokens per step"
+                         + (", as the batch-size and seq_len schedules give them)" if per_step * step != seen *                             self.dataset.world_size and (loader.batch_sizes.constant is None or
+                                                         self.dataset.seq_lens.constant is None) else ")"))
         loader.counters.set_tokens([float(tokens_seen.get(n, 0)) / self.dataset.world_size for n in names])
         self._start_statistical(
             positions, int(step), self.dataset.resume_generation + 1, notes, [None] * len(names),
@@ -312,10 +316,10 @@ class Checkpointer:
         if rest.elastic:  # every rank computes it from the same global state: no agreement needed
             return remaining_plan(
                 self.dataset, rest.work, world_size=self.dataset.world_size,
-                workers_per_rank=loader.num_logical, batch_size=loader.batch_size, first_step=clock.first_step,
+                workers_per_rank=loader.num_logical, batch_size=loader.batch_sizes, first_step=clock.first_step,
             )
         plan = self.dataset.pass_plan(
-            clock.pass_idx, workers_per_rank=loader.num_logical, batch_size=loader.batch_size,
+            clock.pass_idx, workers_per_rank=loader.num_logical, batch_size=loader.batch_sizes,
             first_step=clock.first_step, fractions=rest.fractions,
         )
         plan.steps = self.dataset.topology.agree_min(plan.steps, loader.device)
