@@ -213,8 +213,9 @@ class Checkpointer:
         plan = clock.plan = self._rest_plan(clock.rest)
         left = work_tokens(self.dataset, work)
         names = self.dataset.stream_names
-        old = f"{state['world_size']} rank(s) x {state['workers_per_rank']} worker(s), batch {state['batch_size']}"
-        new = f"{self.dataset.world_size} rank(s) x {loader.num_logical} worker(s), batch {loader.batch_size}"
+        old = (f"{state['world_size']} rank(s) x {state['workers_per_rank']} worker(s), batch "
+               f"{state['config'].get('batch_size', state['batch_size'])}")  # a schedule: [[step, rows], ...]
+        new = f"{self.dataset.world_size} rank(s) x {loader.num_logical} worker(s), batch {loader.config['batch_size']}"
         notes = [
             f"stream {n!r}: {t:,} tokens left in pass {clock.pass_idx} ({len(w['ranges'])} record ranges, "
             f"{len(w['windows'])} saved shuffle windows' rests, the packer's carry included)"
