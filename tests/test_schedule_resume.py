@@ -132,3 +132,21 @@ def test_resume_from_counters_estimates_the_step_through_the_ramp(corpus):
     ld.resume_from_counters({"web": tokens * 0.6, "code": tokens * 0.4})
     assert ld.step == 11 and ld.batch_size == 3 and ld.seq_len == 40
     _shapes_follow([ld], 11)
+
+
+def test_torchrun_two_ranks_with_a_batch_size_ramp_end_together(corpus, tmp_path):
+    from pathlib import Path
+
+    from helpers.torchrun import torchrun
+
+    worker = Path(__file__).parent / "helpers" / "workers" / "ramp_worker.py"
+    torchrun(worker, tmp_path, *[url for url, _ in corpus.values()])
+    ranks = json.loads((tmp_path / "result.json").read_text())
+    assert len(ranks) == 2
+    assert ranks[0]["steps"] == ranks[1]["steps"] == ranks[0]["steps_per_pass"] == ranks[0]["step"] > 12
+    for rank in ranks:
+        assert [s["step"] for s in rank["full"]] == list(range(rank["steps"]))
+        assert all(s["same"] and s["shape"] == s["scheduled"] for s in rank["full"])
+        assert {tuple(s["shape"]) for s in rank["full"]} == {(2, 32), (3, 32), (3, 48), (5, 48)}
+        assert rank["mode"] == "exact" and rank["resumed_first"] == [8, 3, 48]
+        assert rank["resumed"] == rank["full"]  # the resumed run's steps are the uninterrupted run's
