@@ -323,3 +323,23 @@ def test_a_pipeline_to_its_end_delivers_every_document_whole_across_switches(cor
     for key, got in spans.items():
         end = len(docs[key]) if packing != "pad" else None
         assert got[0][0] == 0 and (end is None or got[-1][1] == end), f"{key}: not whole"
+
+
+def test_the_ledger_of_a_ramp_checks_clean_and_shows_each_step(corpus, tmp_path):
+    from streamforge.ledger.report import check, show
+    from streamforge.ledger.store import read_ledger
+    from test_ledger import _segments, _shown
+
+    ds = dataset(corpus, seq_len=SEQ_LENS, provenance=True)
+    ld = StreamingLoader(ds, batch_size=BATCHES, num_workers=2, ledger_dir=str(tmp_path / "ledger"))
+    batches = [b for _, b in _batches(ld)]
+    ledger = read_ledger(str(tmp_path / "ledger"))
+    report = check(ledger, dict(zip(ds.stream_names, ds.manifests)))
+    assert report["ok"], report["problems"]
+    (p,) = report["passes"]
+    assert p["delivered_tokens"] == sum(int((b["doc_ids"] >= 0).sum()) for b in batches)
+    assert p["not_delivered_tokens"] == p["dropped_tokens"] <= p["drop_bound"]
+    names = ds.stream_names
+    for step in (0, 6, 7, 8, 9, 10, len(batches) - 1):
+        want = [(names[s], sh, r, t, n) for s, sh, r, t, n in _segments(batches[step])]
+        assert _shown(show(ledger, step)) == want
