@@ -150,3 +150,20 @@ def test_torchrun_two_ranks_with_a_batch_size_ramp_end_together(corpus, tmp_path
         assert {tuple(s["shape"]) for s in rank["full"]} == {(2, 32), (3, 32), (3, 48), (5, 48)}
         assert rank["mode"] == "exact" and rank["resumed_first"] == [8, 3, 48]
         assert rank["resumed"] == rank["full"]  # the resumed run's steps are the uninterrupted run's
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_infinite_job_resumes_exactly_inside_its_ramp(corpus, num_workers):
+    def build():
+        ds = dataset(corpus, weights=[0.6, 0.4], seq_len=SEQ_LENS, infinite=True, packing="bestfit", bestfit_window=6)
+        return StreamingLoader(ds, batch_size=BATCHES, num_workers=num_workers, skip_steps=[(10, 12)])
+
+    reference = take(build(), 20)
+    assert [tuple(b["input_ids"].shape) for b in reference[:12]] == [
+        (2, 24)] * 6 + [(3, 24)] * 3 + [(3, 40)] + [(4, 40)] * 2  # steps 10 and 11 built and dropped
+    for cut in (7, 9, 10):
+        first = build()
+        take(first, cut)
+        resumed = build()
+        resumed.load_state_dict(first.state_dict(), strict=True)
+        assert_batches_equal(take(resumed, 20 - cut), reference[cut:])
