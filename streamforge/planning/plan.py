@@ -27,7 +27,10 @@ how many steps the pass has on every rank. The clock itself:
   (pass, worker, batch index);
 * a finite pass has ``steps`` steps on every rank: the largest count every worker can fill
   with full batches, so worker ``w`` builds ``ceil((steps - w) / W)`` batches and drops the
-  rest of its ranges (``docs/design.md`` bounds what that drops).
+  rest of its ranges (``docs/design.md`` bounds what that drops);
+* with a batch-size or seq_len schedule (``steps.py``) the batches differ by step: a worker's
+  steps each cost their rows, or their tokens where the row length changes, and the pass has
+  the most steps whose costs every worker's capacity covers (``steps_for``).
 """
 
 from __future__ import annotations
