@@ -59,7 +59,7 @@ class StreamingLoader:
     Args:
         dataset: the ``PackedTokenDataset`` whose pipelines build the batches.
         batch_size: rows per batch, on every rank: an int, or a schedule ``[(first_step,
-            batch_size), ...]`` keyed by global step (a batch-size ramp; docs/mixing.md).
+            batch_size), ...]`` keyed by global step (a batch-size ramp; docs/schedules.md).
             ``loader.batch_size`` is the value of the next step.
         tokens_per_step: instead of ``batch_size``, each rank's tokens per step: the batch
             size at each step is ``tokens_per_step // seq_len`` (with a seq_len schedule, a

@@ -48,7 +48,7 @@ class PackedTokenDataset(IterableDataset):
     Args:
         streams: stream URLs or ``Stream``s (URL, weight, name, storage options).
         seq_len: tokens per row: an int, or a schedule ``[(first_step, seq_len), ...]`` keyed
-            by global step (a sequence-length warmup; ``planning/steps.py``, docs/mixing.md),
+            by global step (a sequence-length warmup; ``planning/steps.py``, docs/schedules.md),
             which needs a ``StreamingLoader`` to run on the job clock.
         seed: the seed of every shuffle (with the stream, pass and worker).
         shuffle: the shuffle windows (``ShuffleConfig``); ``shuffle_buffer=`` and

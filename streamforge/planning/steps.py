@@ -21,6 +21,7 @@ capacity, in one walk over the schedule's segments (never a loop over steps).
 from __future__ import annotations
 
 import bisect
+import numbers
 from typing import Any, Sequence
 
 from ..errors import ConfigError
@@ -101,7 +102,7 @@ class StepSchedule:
 
 
 def _is_int(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int)
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral)
 
 
 def batch_schedule(batch_size: Any, tokens_per_step: Any, seq_len: StepSchedule) -> StepSchedule:

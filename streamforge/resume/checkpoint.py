@@ -297,12 +297,13 @@ class Checkpointer:
             first = min(p for p, _ in positions)
             positions = [(first, f if p == first else 1.0) for p, f in positions]
         if step is None:
-            seen = sum(float(v) for v in tokens_seen.values()) / self.dataset.world_size
-            step = step_at_tokens(loader.batch_sizes, self.dataset.seq_lens, seen)
-            per_step = self.dataset.world_size * loader.batch_sizes.at(0) * self.dataset.seq_lens.at(0)
-            notes.append(f"step {step} estimated from the tokens seen ({per_step:,} tokens per step"
-                         + (", as the batch-size and seq_len schedules give them)" if per_step * step != seen *                             self.dataset.world_size and (loader.batch_sizes.constant is None or
-                                                         self.dataset.seq_lens.constant is None) else ")"))
+            batch, seq = loader.batch_sizes, self.dataset.seq_lens
+            step = step_at_tokens(batch, seq, sum(float(v) for v in tokens_seen.values()) / self.dataset.world_size)
+            if batch.constant is not None and seq.constant is not None:
+                how = f"{self.dataset.world_size * batch.constant * seq.constant:,} tokens per step"
+            else:
+                how = "the tokens of each step as the batch-size and seq_len schedules give them"
+            notes.append(f"step {step} estimated from the tokens seen ({how})")
         loader.counters.set_tokens([float(tokens_seen.get(n, 0)) / self.dataset.world_size for n in names])
         self._start_statistical(
             positions, int(step), self.dataset.resume_generation + 1, notes, [None] * len(names),
