@@ -95,6 +95,7 @@ def test_elastic_resume_inside_a_ramp_delivers_every_token_once(corpus, first, t
     bound += resumed[0].plan().drop_bound()
     after = _run(resumed)
     assert all(ld.step == cut + left for ld in resumed)
+    assert all(ld.stats()["padded_rows"] == 0 for ld in resumed)  # every new worker filled its steps
     delivered = _coverage(corpus, before + after)  # raises on a token delivered twice
     assert 0 <= _total(corpus) - delivered <= bound  # token conservation, within the drop bounds
 
@@ -124,6 +125,20 @@ def test_statistical_resume_inside_a_ramp_keeps_the_clock(corpus, num_workers):
         assert ld.resume_report.mode == "statistical" and ld.step == 8 and ld.batch_size == 3 and ld.seq_len == 24
     assert len({ld.steps_per_pass for ld in b}) == 1
     _shapes_follow(b, 8)
+
+
+def test_a_state_resumed_under_other_schedules_resumes_statistically(corpus):
+    a = _ranks(corpus, 2, 2, BATCHES)
+    _run(a, 10)
+    state = _save(a)
+    b = _ranks(corpus, 2, 2, [(0, 1), (12, 2)], seq_lens=[(0, 16), (11, 32)])
+    for ld in b:
+        ld.load_state_dict(state)
+        assert ld.resume_report.mode == "statistical" and "seq_len changed" in str(ld.resume_report)
+        assert (ld.step, ld.batch_size, ld.seq_len) == (10, 1, 16)
+    assert len({ld.steps_per_pass for ld in b}) == 1
+    _shapes_follow(b, 10)
+    assert all(ld.stats()["padded_rows"] == 0 for ld in b)
 
 
 def test_resume_from_counters_estimates_the_step_through_the_ramp(corpus):

@@ -96,8 +96,9 @@ class WorkerPipeline:
 
     def next_batch(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         """The next batch (rows of the row length at its step), or None when this worker's
-        share of the pass is done. With a quota, a batch the data cannot fill (records skipped as damaged) is padded to full
-        shape, counted in ``stats()["padded_rows"]``, so every rank still has every step.
+        share of the pass is done. With a quota, a batch the data cannot fill (records
+        skipped as damaged) is padded to full shape, counted in ``stats()["padded_rows"]``,
+        so every rank still has every step.
         ``out``: where to build the tokens, if the batch fits (``Packer.next_rows``)."""
         if self.quota is not None and self.batches >= self.quota:
             return None

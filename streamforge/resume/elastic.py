@@ -167,7 +167,9 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
     cfg = dataset.config
     tokens = sum(a[2] for a in assigned).tolist()
     docs = sum(a[3] for a in assigned).tolist()
-    batch, seq = StepSchedule.build("batch_size", batch_size), dataset.seq_lens
+    batch = StepSchedule.build("batch_size", batch_size)
+    # a dataset-like stand-in without schedules (tools/bench_plan_scale.py) has one seq_len
+    seq = getattr(dataset, "seq_lens", None) or StepSchedule.build("seq_len", cfg.seq_len)
     rows = [worker_rows(t, d, seq_len=seq, packing=cfg.packing) for t, d in zip(tokens, docs)]
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch,
                       seq_len=seq, packing=cfg.packing, first_step=first_step)

@@ -18,7 +18,8 @@ SEQ_LENS = [(0, 32), (7, 48)]
 
 def build(urls):
     streams = [Stream(u, weight=w, name=f"s{i}") for i, (u, w) in enumerate(zip(urls, [0.6, 0.4]))]
-    ds = PackedTokenDataset(streams, seq_len=SEQ_LENS, shuffle_buffer=16, provenance=True)  # rank from torch.distributed
+    # the rank comes from torch.distributed
+    ds = PackedTokenDataset(streams, seq_len=SEQ_LENS, shuffle_buffer=16, provenance=True)
     return StreamingLoader(ds, batch_size=BATCHES, num_workers=2)
 
 
