@@ -234,6 +234,36 @@ def test_a_pass_gives_the_numpy_batches_and_states(tmp_path_factory, lengths, se
         assert sa == sb, f"state after batch {i}"
 
 
+def _step_schedule(name, low, high):
+    """``[(0, v), (step, v), ...]``: up to three switches at increasing steps."""
+    return st.lists(st.tuples(st.integers(1, 6), st.integers(low, high)), max_size=3).flatmap(
+        lambda extra: st.integers(low, high).map(lambda v0: [(0, v0)] + [
+            (int(s), v) for s, (_, v) in zip(np.cumsum([e[0] for e in extra]), extra)]))
+
+
+@needs_core
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.lists(st.integers(0, 150), min_size=1, max_size=25), min_size=1, max_size=2),
+    seq_len=_step_schedule("seq_len", 4, 48),
+    batch_size=_step_schedule("batch_size", 1, 3),
+    packing=st.sampled_from(["concat", "bestfit", "pad"]),
+    seed=st.integers(0, 100),
+)
+def test_a_pass_with_schedules_gives_the_numpy_batches_and_states(tmp_path_factory, lengths, seq_len, batch_size,
+                                                                  packing, seed):
+    """Batch-size and seq_len schedules: the row length switches at its step on both paths
+    alike (the concat rows the compiled core fills, the bestfit window laid out again)."""
+    corpus = _corpus(tmp_path_factory.mktemp("c"), lengths, seed)
+
+    def make():
+        ds = dataset(corpus, weights=[1.0 + i for i in range(len(corpus))], seq_len=seq_len, shuffle_buffer=7,
+                     packing=packing, provenance=True, bestfit_window=5, seed=seed)
+        return loader(ds, batch_size=batch_size)
+
+    _assert_same_pass(_pass(make, COMPILED), _pass(make, None))
+
+
 def _pipeline_pass(ds, ext, batch_size: int) -> list:
     """Worker 0 of 1's RowBatches to the end of its data, each with the pipeline's state after it."""
     with path(ext):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..pipeline.batch import RowBatch, split_at_rows
+from ..planning.steps import StepSchedule
 from .store import Ledger
 
 LIST_LIMIT = 20  # entries of a list printed in text output (all of them go to --json)
@@ -338,8 +339,8 @@ def show(ledger: Ledger, step: int, ranks: list[int] | None = None) -> dict[str,
         out["pass"] = int(steps["pass"][at][0])
         out["generation"] = int(steps["generation"][at][0])
         out["skipped"] = bool(steps["skipped"][at].any())
-    rows = int(ledger.meta.get("batch_size", 1))
-    seq_len = ledger.seq_len
+    rows = StepSchedule.build("batch_size", ledger.meta.get("batch_size", 1)).at(step)  # an int, or by step
+    seq_len = ledger.seq_len_at(step)
     for r in sorted(set(steps["rank"][at].tolist())):
         if ranks is not None and r not in ranks:
             continue

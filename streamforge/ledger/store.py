@@ -58,6 +58,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..pipeline.batch import RowBatch
+from ..planning.steps import StepSchedule
 from ..errors import LedgerError
 from ..storage.config import RetryPolicy
 from ..storage.open import join, open_url
@@ -330,7 +331,13 @@ class Ledger:
 
     @property
     def seq_len(self) -> int:
-        return int(self.meta.get("seq_len", 0))
+        value = self.meta.get("seq_len", 0)
+        return int(value) if not isinstance(value, list) else max(v for _, v in value)
+
+    def seq_len_at(self, step: int) -> int:
+        """The row length at ``step`` (a seq_len schedule is kept as ``[[step, seq_len], ...]``)."""
+        value = self.meta.get("seq_len", 0)
+        return int(value) if not isinstance(value, list) else StepSchedule.build("seq_len", value).at(step)
 
 
 def read_ledger(url: str, storage_options: dict[str, Any] | None = None) -> Ledger:

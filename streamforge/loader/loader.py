@@ -29,7 +29,6 @@ pipelines and fill their first windows, and the workers start while that step ru
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -38,15 +37,17 @@ from ..errors import ConfigError, PipelineInvariantError
 from ..ledger.attach import LedgerConfig, for_loader
 from ..pipeline import core
 from ..pipeline.batch import RowBatch, check_fields, expand
-from ..pipeline.dataset import BOUNDARIES, PackedTokenDataset, whole
+from ..pipeline.dataset import BOUNDARIES, PackedTokenDataset, scheduled, whole
 from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
+from ..planning.steps import batch_schedule
 from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
 from . import collector
 from .clock import Clock
 from .counters import Counters, storage_totals
 from .device import DeviceFeed, check_depth, default_device, taken
+from .passes import warn_empty_pass
 from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
 
@@ -57,7 +58,12 @@ class StreamingLoader:
 
     Args:
         dataset: the ``PackedTokenDataset`` whose pipelines build the batches.
-        batch_size: rows per batch, on every rank.
+        batch_size: rows per batch, on every rank: an int, or a schedule ``[(first_step,
+            batch_size), ...]`` keyed by global step (a batch-size ramp; docs/schedules.md).
+            ``loader.batch_size`` is the value of the next step.
+        tokens_per_step: instead of ``batch_size``, each rank's tokens per step: the batch
+            size at each step is ``tokens_per_step // seq_len`` (with a seq_len schedule, a
+            batch-size schedule that keeps the tokens of a step constant).
         num_workers: DataLoader worker processes (0: the pipeline runs in this process).
         prefetch_factor: messages each worker process may have in flight.
         pin_memory: pin batches before the copy (default: on CUDA).
@@ -92,7 +98,8 @@ class StreamingLoader:
         self,
         dataset: PackedTokenDataset,
         *,
-        batch_size: int,
+        batch_size: Any = None,
+        tokens_per_step: int | None = None,
         num_workers: int = 0,
         prefetch_factor: int = 2,
         pin_memory: bool | None = None,
@@ -109,7 +116,10 @@ class StreamingLoader:
         read_once: bool = False,
     ) -> None:
         self.dataset = dataset
-        self.batch_size = whole("batch_size", batch_size, 1)
+        self.batch_sizes = batch_schedule(None if batch_size is None else scheduled("batch_size", batch_size),
+                                          tokens_per_step, dataset.seq_lens)  # by step (planning/steps.py)
+        if dataset.evaluation and self.batch_sizes.constant is None:
+            raise ConfigError("an evaluation loader has one batch_size (an int), not a schedule")
         self.num_workers = whole("num_workers", num_workers, 0)
         self.num_logical = max(self.num_workers, 1)
         self.prefetch_factor = whole("prefetch_factor", prefetch_factor, 1)
@@ -146,7 +156,8 @@ class StreamingLoader:
         exactness depends on) and its ``fingerprint`` (what a state must match to resume
         exactly), the replicas' agreement, and the ledger writer of this rank."""
         dataset, ledger = self.dataset, self._ledger_config
-        self.config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
+        self.config = {**dataset.describe(), "batch_size": self.batch_sizes.describe(),
+                       "workers_per_rank": self.num_logical}
         self.fingerprint = fingerprint(self.config)
         check_replicas(dataset.topology, fingerprint=self.fingerprint, read_once=self.read_once,
                        skip_steps=self.skip_steps.to_list())
@@ -190,6 +201,16 @@ class StreamingLoader:
         return self.clock.step
 
     @property
+    def batch_size(self) -> int:
+        """Rows per batch at the next step, on every rank (``batch_sizes``: by step)."""
+        return self.batch_sizes.at(self.clock.step)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per row at the next step (the dataset's ``seq_lens``: by step)."""
+        return self.dataset.seq_lens.at(self.clock.step)
+
+    @property
     def steps_per_pass(self) -> int:
         """Steps (batches per rank) in the current pass: known before its first batch. With
         ``infinite=True`` the streams' passes run on their own; this is the steps one pass
@@ -202,8 +223,9 @@ class StreamingLoader:
         if clock.plan is None or clock.plan.pass_idx != clock.pass_idx:
             self.check_topology()
             with collector.paused():  # record ranges: a few objects per shard
+                batch_size = self.batch_sizes if not self.evaluation else self.batch_sizes.constant
                 clock.plan = self.dataset.pass_plan(
-                    clock.pass_idx, workers_per_rank=self.num_logical, batch_size=self.batch_size,
+                    clock.pass_idx, workers_per_rank=self.num_logical, batch_size=batch_size,
                     first_step=clock.first_step if not self.infinite else 0,
                 )
         return clock.plan
@@ -238,6 +260,9 @@ class StreamingLoader:
         if rest is not None and rest.elastic and not self.infinite:
             return self.plan()
         return None
+
+    def _steps_left(self) -> int | None:
+        return None if self.infinite else self.plan().steps - self.clock.batch
 
     # -- state (resume/checkpoint.py) ----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -324,7 +349,7 @@ class StreamingLoader:
         elif self.pass_over():
             self._end_pass()
         if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
-            self._warn_empty_pass()
+            warn_empty_pass(self)
         topology = self.dataset.topology
         if self.shares_reads and topology.replica > 0:
             items = receive_from_replica_zero(topology, self._steps_left(), self._received)
@@ -364,17 +389,6 @@ class StreamingLoader:
         if self.ledger is not None:
             self.ledger.flush()
 
-    def _warn_empty_pass(self) -> None:
-        cfg, plan = self.dataset.config, self.plan()
-        warnings.warn(
-            f"streamforge: pass {self.clock.pass_idx} has 0 steps, so this iteration yields no batch: rank "
-            f"{self.dataset.rank}'s share of the pass, {plan.rank_tokens(self.dataset.rank):,} tokens over "
-            f"{self.num_logical} worker(s), cannot fill one full batch of {self.batch_size} row(s) x seq_len "
-            f"{cfg.seq_len} on every worker of the {self.dataset.world_size} rank(s); use a smaller batch_size "
-            "or seq_len, fewer ranks or workers, or infinite=True",
-            stacklevel=3,
-        )
-
     def _tallied(self, items: Iterator[WorkerBatch]) -> Iterator[WorkerBatch]:
         """The worker batches with each one's counts set; computed where the items are
         produced (the feed's thread when prefetching), so the training thread only adds."""
@@ -396,12 +410,9 @@ class StreamingLoader:
         return _Job(
             dataset=dataset or self.dataset, num_logical=self.num_logical, pass_idx=self.clock.pass_idx,
             first_step=0 if plan is None else plan.first_step, quotas=None if plan is None else self.quotas(),
-            states=states, rotation=batch % self.num_logical, batch_size=self.batch_size, plan=self.work_plan(),
-            per_message=per_message(self.batch_size, cfg.seq_len, self.dataset.token_dtype.itemsize),
+            states=states, rotation=batch % self.num_logical, batch_sizes=self.batch_sizes, plan=self.work_plan(),
+            per_message=per_message(self.batch_sizes.largest, cfg.seq_len, self.dataset.token_dtype.itemsize),
         )
-
-    def _steps_left(self) -> int | None:
-        return None if self.infinite else self.plan().steps - self.clock.batch
 
     def _in_process(self) -> Iterator[WorkerBatch]:
         """Batches built in this process. Counters are read from the live pipeline when asked
@@ -415,7 +426,7 @@ class StreamingLoader:
             self._live = pipeline
             while left is None or left > 0:
                 step = pipeline.step
-                rows = pipeline.next_batch(self.batch_size)
+                rows = pipeline.next_batch(self.batch_sizes.at(step))
                 if rows is None:
                     raise PipelineInvariantError(f"the pipeline ended at step {step}, before its share of the pass")
                 left = None if left is None else left - 1
@@ -471,7 +482,7 @@ class StreamingLoader:
         pipeline = self.job(states, batch, dataset).pipeline(logical)
         try:
             step = pipeline.step
-            rows = pipeline.next_batch(self.batch_size)
+            rows = pipeline.next_batch(self.batch_sizes.at(step))
             if rows is None:
                 raise PipelineInvariantError(f"worker {logical} ended before its share of pass {self.clock.pass_idx}")
             self._head = WorkerBatch(logical, step, None, None, pipeline.stats(), pipeline.skipped())

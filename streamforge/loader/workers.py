@@ -49,6 +49,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..errors import PipelineInvariantError
 from ..pipeline.batch import RowBatch
 from ..pipeline.dataset import PackedTokenDataset
+from ..planning.steps import StepSchedule
 
 
 @dataclass(slots=True)
@@ -88,14 +89,19 @@ class _Job:
     quotas: list[int] | None
     states: list[dict | None]
     rotation: int
-    batch_size: int
+    batch_sizes: StepSchedule  # rows per batch, by step
     plan: Any = None  # an evaluation pass's plan (its rows are dealt in it)
     per_message: int = 1  # batches a worker process sends in one message
 
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch where the batch size is one for the whole job (else at step 0)."""
+        return self.batch_sizes.at(0)
+
     def slot_bytes(self) -> int:
         """A ring slot holds a whole message: its tokens, and as much again for its pieces."""
-        row_bytes = (self.dataset.config.seq_len + 1) * self.dataset.token_dtype.itemsize
-        return 2 * self.per_message * self.batch_size * row_bytes + (64 << 10)
+        row_bytes = (self.dataset.config.seq_len + 1) * self.dataset.token_dtype.itemsize  # the longest rows
+        return 2 * self.per_message * self.batch_sizes.largest * row_bytes + (64 << 10)
 
     def pipeline(self, logical: int):
         """Logical worker ``logical``'s pipeline, restored from its saved state if any."""
@@ -164,14 +170,18 @@ class _WorkerBatches(IterableDataset):
         logical = (info.id + job.rotation) % job.num_logical
         pipeline = job.pipeline(logical)
         ring = _Ring(info.id, self.ring_slots, job.slot_bytes())
-        rows_shape = (job.batch_size, job.dataset.config.seq_len + 1)
+        batch_sizes, seq_lens, dtype = job.batch_sizes, job.dataset.seq_lens, job.dataset.token_dtype
+        fixed = batch_sizes.constant is not None and seq_lens.constant is not None
+        rows_shape = (batch_sizes.at(0), seq_lens.at(0) + 1)
         message: list[WorkerBatch] = []
         size = 1  # the first message holds one batch, the next ones twice as many, up to per_message
         try:
             while True:
                 step = pipeline.step
-                out = ring.tokens_out(len(message), rows_shape, job.dataset.token_dtype)
-                rows = pipeline.next_batch(job.batch_size, out)
+                if not fixed:  # a schedule: this step's shape
+                    rows_shape = (batch_sizes.at(step), seq_lens.at(step) + 1)
+                out = ring.tokens_out(len(message), rows_shape, dtype)
+                rows = pipeline.next_batch(rows_shape[0], out)
                 if rows is None:
                     break
                 message.append(WorkerBatch(logical, step, rows, pipeline.state_dict()))
@@ -210,6 +220,7 @@ class _Ring:
         self.messages = 0  # messages in all
         self.announced = False
         self.packing = False  # the message being built has its tokens built in its slot
+        self.used, self.shape = 0, None  # bytes of the slot its tokens take so far, their first shape
 
     def _allocate(self) -> None:
         self.shared = _shared_bytes(self.HEADER + self.slots * self.slot_bytes)
@@ -228,10 +239,15 @@ class _Ring:
             if self.shared is None and self.messages > 0:
                 self._allocate()
             self.packing = self.shared is not None and self._slot_free()
+            self.used, self.shape = 0, shape
         nbytes = math.prod(shape) * dtype.itemsize
-        if not self.packing or (index + 1) * nbytes > self.slot_bytes:
+        # batches of a message lie end to end (a batch-size schedule may change their rows;
+        # a row length that changes sends the message whole: ``ship``)
+        if not self.packing or shape[1:] != self.shape[1:] or self.used + nbytes > self.slot_bytes:
+            self.used = self.slot_bytes  # and so for the message's later batches
             return None
-        at = self.HEADER + (self.sent % self.slots) * self.slot_bytes + index * nbytes
+        at = self.HEADER + (self.sent % self.slots) * self.slot_bytes + self.used
+        self.used += nbytes
         return self.memory[at : at + nbytes].view(dtype).reshape(shape)
 
     def _slot_free(self) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..format.manifest import Manifest
+from ..planning.steps import StepSchedule
 from ..stages.pack import MODES
 
 BOUNDARIES = ("document", "stream")
@@ -81,6 +82,14 @@ class PipelineConfig:
             raise ConfigError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
         if self.bestfit_window < 1:
             raise ConfigError(f"bestfit_window must be >= 1, got {self.bestfit_window}")
+
+
+def scheduled(name: str, value: Any) -> StepSchedule:
+    """``value`` as a ``StepSchedule``: an int (checked by ``whole``) or ``[(step, value),
+    ...]`` (checked by ``StepSchedule.build``); ``ConfigError`` naming what is wrong."""
+    if isinstance(value, (list, tuple, StepSchedule)):
+        return StepSchedule.build(name, value)
+    return StepSchedule.build(name, whole(name, value, 1))
 
 
 def whole(name: str, value: Any, minimum: int) -> int:

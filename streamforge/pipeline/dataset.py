@@ -36,7 +36,7 @@ from ..storage.fetch import ByteFetcher
 from ..topology import Topology
 from .config import (  # noqa: F401 - re-exported: the dataset's settings are imported from here too
     BOUNDARIES, PackingConfig, PipelineConfig, ShuffleConfig, Stream, _normalize_streams, _refuse_empty_streams,
-    _PACKING, _SHUFFLE, _settings, whole,
+    _PACKING, _SHUFFLE, _settings, scheduled, whole,
 )
 from .foreign import refuse_foreign_sharding
 from .worker import WorkerPipeline  # noqa: F401 - re-exported
@@ -47,7 +47,9 @@ class PackedTokenDataset(IterableDataset):
 
     Args:
         streams: stream URLs or ``Stream``s (URL, weight, name, storage options).
-        seq_len: tokens per row.
+        seq_len: tokens per row: an int, or a schedule ``[(first_step, seq_len), ...]`` keyed
+            by global step (a sequence-length warmup; ``planning/steps.py``, docs/schedules.md),
+            which needs a ``StreamingLoader`` to run on the job clock.
         seed: the seed of every shuffle (with the stream, pass and worker).
         shuffle: the shuffle windows (``ShuffleConfig``); ``shuffle_buffer=`` and
             ``shuffle_warmup=`` are the older spelling and keep working.
@@ -82,7 +84,7 @@ class PackedTokenDataset(IterableDataset):
         self,
         streams: Stream | str | Sequence[Stream | str],
         *,
-        seq_len: int,
+        seq_len: int | Sequence[tuple[int, int]],
         seed: int = 0,
         shuffle: ShuffleConfig | None = None,
         packing: str | PackingConfig = "concat",
@@ -132,8 +134,12 @@ class PackedTokenDataset(IterableDataset):
                     f"{tok.get('kind')} {tok.get('name')} (sha256 {tok.get('sha256')})"
                 )
         eos = self._resolve_eos(eos_id)
+        self.seq_lens = scheduled("seq_len", seq_len)  # by step; config.seq_len is the longest
+        if self.evaluation and self.seq_lens.constant is None:
+            raise ConfigError("an evaluation dataset has one seq_len (an int), not a schedule: its pass is the same "
+                              "at every step")
         self.config = PipelineConfig(
-            seq_len=whole("seq_len", seq_len, 1), seed=whole("seed", seed, 0),
+            seq_len=self.seq_lens.largest, seed=whole("seed", seed, 0),
             shuffle_buffer=whole("shuffle_buffer", shuffle.buffer, 1),
             shuffle_warmup=whole("shuffle_warmup", shuffle.warmup, 0),
             packing=packing, boundary=boundary, eos_id=eos, pad_id=whole("pad_id", pad_id, 0),
@@ -217,7 +223,7 @@ class PackedTokenDataset(IterableDataset):
             )
         return self.planner.pass_plan(
             pass_idx, world_size=self.world_size, workers_per_rank=workers_per_rank,
-            batch_size=batch_size, seq_len=self.config.seq_len, packing=self.config.packing,
+            batch_size=batch_size, seq_len=self.seq_lens, packing=self.config.packing,
             eos_appended=self.eos_appended, first_step=first_step, fractions=fractions,
         )
 
@@ -282,8 +288,9 @@ class PackedTokenDataset(IterableDataset):
 
     def describe(self) -> dict[str, Any]:
         """Everything the batch sequence depends on, apart from the loader's batch size and
-        workers (plain data; the basis of resume fingerprints)."""
-        return {
+        workers (plain data; the basis of resume fingerprints). A seq_len schedule is
+        described as its ``[[step, seq_len], ...]``; an int as ever."""
+        out = {
             "streams": [
                 {"name": s.name, "weight": s.weight, "manifest": m.fingerprint}
                 for s, m in zip(self.streams, self.manifests)
@@ -294,6 +301,8 @@ class PackedTokenDataset(IterableDataset):
             **saved_config(asdict(self.config)),
             **({"evaluation": True, "eval_tokens": self.eval_tokens} if self.evaluation else {}),
         }
+        out["seq_len"] = self.seq_lens.describe()
+        return out
 
     # -- pipelines -------------------------------------------------------------------------
     def make_pipeline(
@@ -316,6 +325,9 @@ class PackedTokenDataset(IterableDataset):
         again is refused (``foreign.py``)."""
         self.topology = self.topology.checked()
         refuse_foreign_sharding(self)
+        if self.seq_lens.constant is None:
+            raise ConfigError("a dataset with a seq_len schedule runs on the job clock: iterate it through "
+                              "StreamingLoader, not directly")
         return BlockIterator(self)
 
 

@@ -83,9 +83,10 @@ class WorkerPipeline:
             self.sources.append(source)
         self.buffers = buffers
         self.interleaver = Interleaver(buffers, dataset.schedule)
+        self.seq_lens = dataset.seq_lens  # the row length by step (planning/steps.py)
         self.packer = Packer(
-            self.interleaver, seq_len=cfg.seq_len, mode=cfg.packing, pad_id=cfg.pad_id,
-            dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window,
+            self.interleaver, seq_len=self.seq_lens.at(self.step), mode=cfg.packing, pad_id=cfg.pad_id,
+            dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window, varies=self.seq_lens.constant is None,
         )
 
     @property
@@ -94,20 +95,25 @@ class WorkerPipeline:
         return self.first_step + self.batches * self.num_workers + self.worker
 
     def next_batch(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
-        """The next batch, or None when this worker's share of the pass is done. With a
-        quota, a batch the data cannot fill (records skipped as damaged) is padded to full
-        shape, counted in ``stats()["padded_rows"]``, so every rank still has every step.
+        """The next batch (rows of the row length at its step), or None when this worker's
+        share of the pass is done. With a quota, a batch the data cannot fill (records
+        skipped as damaged) is padded to full shape, counted in ``stats()["padded_rows"]``,
+        so every rank still has every step.
         ``out``: where to build the tokens, if the batch fits (``Packer.next_rows``)."""
         if self.quota is not None and self.batches >= self.quota:
             return None
-        self.interleaver.set_step(self.first_step + self.batches * self.num_workers + self.worker)
+        step = self.first_step + self.batches * self.num_workers + self.worker
+        self.interleaver.set_step(step)
+        seq_len = self.seq_lens.constant
+        if seq_len is None:  # a seq_len schedule: this step's row length
+            seq_len = self.seq_lens.at(step)
+            self.packer.set_seq_len(seq_len)
         rows = self.packer.next_rows(num_rows, out)
         if self.quota is not None:
             got = 0 if rows is None else rows.num_rows
             if got < num_rows:
                 self.padded_rows += num_rows - got
-                rows = pad_to_rows(rows, num_rows, self.dataset.config.seq_len, self.dataset.token_dtype,
-                                   self.dataset.config.pad_id)
+                rows = pad_to_rows(rows, num_rows, seq_len, self.dataset.token_dtype, self.dataset.config.pad_id)
         if rows is None:
             return None
         self.batches += 1

@@ -27,7 +27,10 @@ how many steps the pass has on every rank. The clock itself:
   (pass, worker, batch index);
 * a finite pass has ``steps`` steps on every rank: the largest count every worker can fill
   with full batches, so worker ``w`` builds ``ceil((steps - w) / W)`` batches and drops the
-  rest of its ranges (``docs/design.md`` bounds what that drops).
+  rest of its ranges (``docs/design.md`` bounds what that drops);
+* with a batch-size or seq_len schedule (``steps.py``) the batches differ by step: a worker's
+  steps each cost their rows, or their tokens where the row length changes, and the pass has
+  the most steps whose costs every worker's capacity covers (``steps_for``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .rng import derive_key, permutation
+from .steps import StepSchedule, batches_within, largest_batch_tokens, per_token, step_costs, tokens_in_steps
 
 Range = tuple[int, int, int]  # (shard, start_record, stop_record), stop exclusive
 
@@ -208,6 +212,10 @@ class PassPlan(PassClock):
     # after an elastic resume (``elastic.py``): per stream, per global worker, the rests of
     # saved shuffle windows it emits before reading its ranges (the ``ShuffleBuffer`` prelude)
     windows: list[list[list[dict]]] | None = None
+    # batch-size and sequence-length schedules (``steps.StepSchedule.describe``), where either
+    # changes with the step: ``batch_size`` and ``seq_len`` are then their values at
+    # ``first_step``, and ``rows`` counts tokens where the row length changes (``steps.per_token``)
+    shape: dict[str, Any] | None = None
 
     @property
     def num_global_workers(self) -> int:
@@ -217,18 +225,30 @@ class PassPlan(PassClock):
         w = self.workers_per_rank
         return sum(self.tokens[rank * w : (rank + 1) * w])
 
+    def schedules(self) -> tuple[StepSchedule, StepSchedule]:
+        """The (batch size, sequence length) schedules the plan was made for."""
+        shape = self.shape or {}
+        return (StepSchedule.build("batch_size", shape.get("batch_size", self.batch_size)),
+                StepSchedule.build("seq_len", shape.get("seq_len", self.seq_len)))
+
     def dropped_tokens(self) -> int:
         """Tokens of the pass (all ranks) past the last step, in concat packing; for bestfit
         and pad it is a lower bound (their rows also carry padding)."""
-        delivered = self.world_size * self.steps * self.batch_size * self.seq_len
+        if self.shape is None:
+            delivered = self.world_size * self.steps * self.batch_size * self.seq_len
+        else:
+            delivered = self.world_size * tokens_in_steps(*self.schedules(), self.first_step, self.steps)
         return max(0, sum(self.tokens) - delivered)
 
     def drop_bound(self) -> int:
         """The most tokens a concat pass can drop: the spread of the workers' token counts
-        plus one batch per global worker (see ``docs/design.md``)."""
+        plus one batch per global worker (see ``docs/design.md``); with a schedule, one of
+        its largest batches per global worker and per switch inside the pass, plus one."""
         low = min(self.tokens) if self.tokens else 0
-        per_batch = self.batch_size * self.seq_len
-        return sum(t - low for t in self.tokens) + self.num_global_workers * per_batch
+        per_batch, switches = self.batch_size * self.seq_len, 0
+        if self.shape is not None:
+            per_batch, switches = largest_batch_tokens(*self.schedules(), self.first_step, max(self.steps, 1))
+        return sum(t - low for t in self.tokens) + self.num_global_workers * per_batch * (1 + switches)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -242,22 +262,50 @@ class PassPlan(PassClock):
         return cls(**data)
 
 
-def worker_rows(tokens: int, docs: int, *, seq_len: int, packing: str) -> int:
+def worker_rows(tokens: int, docs: int, *, seq_len: int | StepSchedule, packing: str) -> int:
     """Full rows a worker can certainly pack: concat and bestfit rows hold at most
     ``seq_len`` tokens each, so at least ``tokens // seq_len`` of them are full (bestfit pads
-    the rest); pad packing builds one row per document."""
-    return docs if packing == "pad" else tokens // seq_len
+    the rest); pad packing builds one row per document. With a row length that changes by
+    step (concat, bestfit), the capacity is counted in tokens: ``tokens`` itself (a step
+    then costs its ``batch_size * seq_len``; ``steps.per_token``)."""
+    if packing == "pad":
+        return docs
+    if isinstance(seq_len, StepSchedule):
+        if seq_len.constant is None:
+            return tokens
+        seq_len = seq_len.constant
+    return tokens // seq_len
 
 
-def steps_for(rows: Sequence[int], *, world_size: int, workers_per_rank: int, batch_size: int) -> int:
+def steps_for(rows: Sequence[int], *, world_size: int, workers_per_rank: int, batch_size: int | StepSchedule,
+              seq_len: int | StepSchedule = 1, packing: str = "concat", first_step: int = 0) -> int:
     """Steps every rank can fill: worker ``w`` must build ``ceil((S - w) / W)`` full batches
-    from its ``rows // batch_size``, so ``S <= W * batches + w`` for every global worker."""
+    out of the ``m`` its ``rows`` can fill, so ``S <= W * m + w`` for every global worker.
+
+    With one batch size (and row length), ``m = rows // batch_size``. With schedules, worker
+    ``w``'s batches are those of the steps ``first_step + w + j * W``, each costing its
+    rows (or its tokens where the row length changes: ``steps.step_costs``), and ``m`` is
+    how many of them, in order, fit the worker's ``rows`` (``steps.batches_within``)."""
     w_count = workers_per_rank
+    batch = StepSchedule.build("batch_size", batch_size)
+    seq = StepSchedule.build("seq_len", seq_len)
+    costs = None
+    if batch.constant is None or per_token(seq, packing):
+        costs = step_costs(batch, seq, packing)
     best = None
     for g, r in enumerate(rows):
-        cap = w_count * (int(r) // batch_size) + g % w_count
+        w = g % w_count
+        fit = int(r) // batch.constant if costs is None else batches_within(int(r), *costs, first_step + w, w_count)
+        cap = w_count * fit + w
         best = cap if best is None else min(best, cap)
     return int(best or 0)
+
+
+def plan_shape(batch: StepSchedule, seq: StepSchedule, first_step: int) -> dict[str, Any]:
+    """``PassPlan``'s ``batch_size``, ``seq_len`` and ``shape`` for these schedules."""
+    varies = batch.constant is None or seq.constant is None
+    shape = {"batch_size": batch.describe(), "seq_len": seq.describe()} if varies else None
+    return {"batch_size": batch.at(first_step), "seq_len": seq.at(first_step), "shape": shape}
 
 
 def build_pass_plan(
@@ -269,12 +317,14 @@ def build_pass_plan(
     pass_idx: int,
     world_size: int,
     workers_per_rank: int,
-    batch_size: int,
-    seq_len: int,
+    batch_size: int | StepSchedule,
+    seq_len: int | StepSchedule,
     packing: str,
     first_step: int = 0,
 ) -> PassPlan:
     """The plan of a pass from each stream's per-worker ranges and exact range counts."""
+    batch_size = StepSchedule.build("batch_size", batch_size)
+    seq_len = StepSchedule.build("seq_len", seq_len)
     n = world_size * workers_per_rank
     tokens, rows = [], []
     for g in range(n):
@@ -285,10 +335,10 @@ def build_pass_plan(
             docs += d
         tokens.append(tok)
         rows.append(worker_rows(tok, docs, seq_len=seq_len, packing=packing))
-    steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size)
+    steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size,
+                      seq_len=seq_len, packing=packing, first_step=first_step)
     return PassPlan(
         pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
-        batch_size=batch_size, seq_len=seq_len, packing=packing, streams=list(streams),
-        ranges=[list(r) for r in stream_ranges], tokens=tokens, rows=rows, steps=steps,
-        first_step=first_step,
+        packing=packing, streams=list(streams), ranges=[list(r) for r in stream_ranges], tokens=tokens,
+        rows=rows, steps=steps, first_step=first_step, **plan_shape(batch_size, seq_len, first_step),
     )

@@ -23,6 +23,7 @@ from ..loader.clock import PassRest
 from ..loader.counters import spread
 from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
+from ..planning.steps import step_at_tokens
 from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
 from .state import (
     STATE_VERSION, UNDIGESTED_VERSION, ResumeReport, config_differences, config_fingerprint, pack_state,
@@ -212,8 +213,9 @@ class Checkpointer:
         plan = clock.plan = self._rest_plan(clock.rest)
         left = work_tokens(self.dataset, work)
         names = self.dataset.stream_names
-        old = f"{state['world_size']} rank(s) x {state['workers_per_rank']} worker(s), batch {state['batch_size']}"
-        new = f"{self.dataset.world_size} rank(s) x {loader.num_logical} worker(s), batch {loader.batch_size}"
+        old = (f"{state['world_size']} rank(s) x {state['workers_per_rank']} worker(s), batch "
+               f"{state['config'].get('batch_size', state['batch_size'])}")  # a schedule: [[step, rows], ...]
+        new = f"{self.dataset.world_size} rank(s) x {loader.num_logical} worker(s), batch {loader.config['batch_size']}"
         notes = [
             f"stream {n!r}: {t:,} tokens left in pass {clock.pass_idx} ({len(w['ranges'])} record ranges, "
             f"{len(w['windows'])} saved shuffle windows' rests, the packer's carry included)"
@@ -295,9 +297,13 @@ class Checkpointer:
             first = min(p for p, _ in positions)
             positions = [(first, f if p == first else 1.0) for p, f in positions]
         if step is None:
-            per_step = self.dataset.world_size * loader.batch_size * self.dataset.config.seq_len
-            step = int(round(sum(float(v) for v in tokens_seen.values()) / per_step))
-            notes.append(f"step {step} estimated from the tokens seen ({per_step:,} tokens per step)")
+            batch, seq = loader.batch_sizes, self.dataset.seq_lens
+            step = step_at_tokens(batch, seq, sum(float(v) for v in tokens_seen.values()) / self.dataset.world_size)
+            if batch.constant is not None and seq.constant is not None:
+                how = f"{self.dataset.world_size * batch.constant * seq.constant:,} tokens per step"
+            else:
+                how = "the tokens of each step as the batch-size and seq_len schedules give them"
+            notes.append(f"step {step} estimated from the tokens seen ({how})")
         loader.counters.set_tokens([float(tokens_seen.get(n, 0)) / self.dataset.world_size for n in names])
         self._start_statistical(
             positions, int(step), self.dataset.resume_generation + 1, notes, [None] * len(names),
@@ -312,10 +318,10 @@ class Checkpointer:
         if rest.elastic:  # every rank computes it from the same global state: no agreement needed
             return remaining_plan(
                 self.dataset, rest.work, world_size=self.dataset.world_size,
-                workers_per_rank=loader.num_logical, batch_size=loader.batch_size, first_step=clock.first_step,
+                workers_per_rank=loader.num_logical, batch_size=loader.batch_sizes, first_step=clock.first_step,
             )
         plan = self.dataset.pass_plan(
-            clock.pass_idx, workers_per_rank=loader.num_logical, batch_size=loader.batch_size,
+            clock.pass_idx, workers_per_rank=loader.num_logical, batch_size=loader.batch_sizes,
             first_step=clock.first_step, fractions=rest.fractions,
         )
         plan.steps = self.dataset.topology.agree_min(plan.steps, loader.device)

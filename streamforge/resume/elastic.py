@@ -31,7 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..pipeline.dataset import WorkerPipeline
-from ..planning.plan import PassPlan, Range, steps_for, worker_rows
+from ..planning.plan import PassPlan, Range, plan_shape, steps_for, worker_rows
+from ..planning.steps import StepSchedule
 from ..planning.planner import worker_work
 from .probes import buffer_work_left
 from .state import order_config, saved_workers
@@ -157,7 +158,7 @@ def _split(planner, stream: int, ranges: list[Range], n: int, eos: bool):
     return parts, np.diff(cum[bounds]).astype(np.int64), np.diff(dcum[bounds]).astype(np.int64)
 
 
-def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: int, batch_size: int,
+def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: int, batch_size: int | StepSchedule,
                    first_step: int) -> PassPlan:
     """The plan of the rest of pass ``work["pass"]`` on this topology (steps equal on every
     rank: every rank computes it from the same saved state)."""
@@ -166,13 +167,17 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
     cfg = dataset.config
     tokens = sum(a[2] for a in assigned).tolist()
     docs = sum(a[3] for a in assigned).tolist()
-    rows = [worker_rows(t, d, seq_len=cfg.seq_len, packing=cfg.packing) for t, d in zip(tokens, docs)]
-    steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size)
+    batch = StepSchedule.build("batch_size", batch_size)
+    # a dataset-like stand-in without schedules (tools/bench_plan_scale.py) has one seq_len
+    seq = getattr(dataset, "seq_lens", None) or StepSchedule.build("seq_len", cfg.seq_len)
+    rows = [worker_rows(t, d, seq_len=seq, packing=cfg.packing) for t, d in zip(tokens, docs)]
+    steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch,
+                      seq_len=seq, packing=cfg.packing, first_step=first_step)
     return PassPlan(
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,
-        batch_size=batch_size, seq_len=cfg.seq_len, packing=cfg.packing, streams=list(dataset.stream_names),
-        ranges=[a[0] for a in assigned], tokens=tokens, rows=rows, steps=steps, first_step=first_step,
-        windows=[a[1] for a in assigned],
+        packing=cfg.packing, streams=list(dataset.stream_names), ranges=[a[0] for a in assigned], tokens=tokens,
+        rows=rows, steps=steps, first_step=first_step, windows=[a[1] for a in assigned],
+        **plan_shape(batch, seq, first_step),
     )
 
 

@@ -13,6 +13,16 @@ Modes:
            restoring rebuilds the window deterministically.
   pad      one document per row, truncated (tokens past the row are dropped and counted)
            or padded.
+
+The row length may change between batches (a ``seq_len`` schedule: the pipeline calls
+``set_seq_len`` with the value of each batch's step). concat and pad need nothing more: the
+document in progress is a cursor into the interleaver, whatever the row length. A bestfit
+window with rows left at a switch is laid out again at the new length from what those rows
+hold (each document's rest, whole again: ``_relayout``); nothing is dropped or repeated.
+Its state then says how the window was laid out: ``window`` is ``[[seq_len, rows], ...]``,
+the length it was built at (rows 0), then each new length and the rows of the layout before
+it handed out when it changed (``window`` stays ``True`` for a packer whose length never
+changes, as in states saved before schedules existed).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import numpy as np
 
 from ..pipeline import core
 from ..pipeline.batch import RowBatch, padding_rows
-from ..errors import ConfigError, ResumeMismatchError
+from ..errors import ConfigError, PipelineInvariantError, ResumeMismatchError
 from .base import check_state
 from .interleave import Interleaver, InterleaverState
 
@@ -34,11 +44,12 @@ MODES = ("concat", "bestfit", "pad")
 
 class PackerState(TypedDict):
     """A saved ``Packer``: the interleaver's state (``source``), at the start of the bestfit
-    window when ``window`` is true, with ``rows_emitted`` of that window's rows handed out
-    (``window`` None and ``rows_emitted`` 0 otherwise)."""
+    window when ``window`` is set, with ``rows_emitted`` of that window's (latest layout's)
+    rows handed out (``window`` None and ``rows_emitted`` 0 otherwise). ``window`` is True,
+    or, for a packer whose row length changes, its layouts ``[[seq_len, rows], ...]``."""
 
     source: InterleaverState
-    window: bool | None
+    window: bool | list | None
     rows_emitted: int
 
 
@@ -138,6 +149,7 @@ class Packer:
         pad_id: int = 0,
         dtype: np.dtype = np.dtype("<u2"),
         bestfit_window: int = 512,
+        varies: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"packing must be one of {MODES}, got {mode!r}")
@@ -152,8 +164,22 @@ class Packer:
         self._window_start: InterleaverState | None = None
         self._window_rows: list | None = None
         self._rows_emitted = 0
+        # the row length may change (``set_seq_len``): the bestfit window's layouts are saved
+        self.varies = bool(varies)
+        self._layouts: list[list[int]] = []  # [[seq_len, rows of the layout before], ...]
 
     # -- public ----------------------------------------------------------------------------
+    def set_seq_len(self, seq_len: int) -> None:
+        """Rows of ``seq_len`` tokens from the next batch on. A bestfit window with rows left
+        is laid out again at the new length (``_relayout``)."""
+        if seq_len == self.seq_len:
+            return
+        if not self.varies:
+            raise ConfigError("packer: the row length changes only for a packer made with varies=True")
+        self.seq_len = seq_len
+        if self._window_rows is not None and self._rows_emitted < len(self._window_rows):
+            self._relayout(seq_len)
+
     def next_rows(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         """Up to ``num_rows`` rows (fewer only at the end of a finite pass); None when done.
         ``out``: a ``[num_rows, seq_len + 1]`` array of the token dtype to build the rows'
@@ -306,22 +332,58 @@ class Packer:
     def _build_window(self) -> bool:
         self._window_start = self.source.state_dict()
         self._rows_emitted = 0
-        T = self.seq_len
-        rows: list = []
-        remainders = []
-        for arrival in range(self.bestfit_window):
+        self._layouts = [[self.seq_len, 0]]
+        docs = []
+        for _ in range(self.bestfit_window):
             doc = self._take_doc()
             if doc is None:
                 break
             stream, tokens, shard, record = doc
+            docs.append((stream, tokens, shard, record, 0))
+        self._window_rows = self._layout(docs, self.seq_len)
+        return bool(self._window_rows)
+
+    def _relayout(self, seq_len: int) -> None:
+        """The window's rows not handed out yet, laid out again in rows of ``seq_len``: each
+        document's pieces in them are its rest (its chunks come in rows before its remainder),
+        joined again and packed as in ``_build_window``, in the order they first appear."""
+        rests: dict[tuple, list] = {}
+        for pieces, _ in self._window_rows[self._rows_emitted :]:
+            for stream, tokens, shard, record, token_start, _continues in pieces:
+                key = (stream, shard, record)
+                if key not in rests:
+                    rests[key] = [token_start, [tokens], token_start + len(tokens)]
+                    continue
+                rest = rests[key]
+                if token_start != rest[2]:  # a document's pieces left are its rest, in order
+                    raise PipelineInvariantError(f"packer: the bestfit window's pieces of record {record} of shard "
+                                                 f"{shard} are not contiguous ({token_start} after {rest[2]})")
+                rest[1].append(tokens)
+                rest[2] += len(tokens)
+        docs = [(stream, parts[0] if len(parts) == 1 else np.concatenate(parts), shard, record, start)
+                for (stream, shard, record), (start, parts, _) in rests.items()]
+        self._layouts.append([seq_len, self._rows_emitted])
+        self._window_rows = self._layout(docs, seq_len)
+        self._rows_emitted = 0
+
+    @staticmethod
+    def _layout(docs: list, T: int) -> list:
+        """Best-fit-decreasing rows of ``T`` tokens for ``docs``, ``(stream, tokens, shard,
+        record, token_start)`` each (a document's tokens from ``token_start`` to its end): each
+        one's full rows first, in arrival order, then the remainders, longest first, each in
+        the open row with the least room that fits it. A row is ``(pieces, lookahead)``."""
+        rows: list = []
+        remainders = []
+        for arrival, (stream, tokens, shard, record, base) in enumerate(docs):
             full = len(tokens) // T
             for c in range(full):
                 chunk = tokens[c * T : (c + 1) * T]
                 more = (c + 1) * T < len(tokens)
-                rows.append(([(stream, chunk, shard, record, c * T, more)],
+                rows.append(([(stream, chunk, shard, record, base + c * T, more)],
                              int(tokens[(c + 1) * T]) if more else None))
             if len(tokens) % T:
-                remainders.append((len(tokens) - full * T, arrival, stream, tokens[full * T :], shard, record, full * T))
+                remainders.append((len(tokens) - full * T, arrival, stream, tokens[full * T :], shard, record,
+                                   base + full * T))
         remainders.sort(key=lambda r: (-r[0], r[1]))
         open_rows: list[list] = []  # pieces per best-fit row
         free: list[tuple[int, int]] = []  # sorted (room, row number)
@@ -336,8 +398,7 @@ class Packer:
             if room - length > 0:
                 bisect.insort(free, (room - length, r))
         rows.extend((pieces, None) for pieces in open_rows)
-        self._window_rows = rows
-        return bool(rows)
+        return rows
 
     # -- stage contract --------------------------------------------------------------------
     def __iter__(self) -> Packer:
@@ -356,7 +417,8 @@ class Packer:
     def state_dict(self) -> PackerState:
         if self.mode != "bestfit" or self._window_rows is None or self._rows_emitted == len(self._window_rows):
             return {"source": self.source.state_dict(), "window": None, "rows_emitted": 0}
-        return {"source": self._window_start, "window": True, "rows_emitted": self._rows_emitted}
+        window = [list(layout) for layout in self._layouts] if self.varies else True
+        return {"source": self._window_start, "window": window, "rows_emitted": self._rows_emitted}
 
     @staticmethod
     def source_state(state: PackerState) -> InterleaverState:
@@ -370,13 +432,34 @@ class Packer:
             raise ResumeMismatchError(f"Packer: rows_emitted {state['rows_emitted']} is negative")
         self.source.check_state(state["source"])
 
+    def _saved_layouts(self, window) -> list[list[int]]:
+        """The layouts of a saved window (``True``: one, at this packer's row length)."""
+        if window is True:
+            return [[self.seq_len, 0]]
+        ok = isinstance(window, list) and window and all(
+            isinstance(x, list) and len(x) == 2 and all(type(v) is int and v >= 0 for v in x) for x in window)
+        if not ok or window[0][1] != 0 or any(t < 1 for t, _ in window) or not self.varies:
+            raise ResumeMismatchError(f"Packer: window {str(window)[:80]} is not [[seq_len, rows], ...] of a packer "
+                                      "whose row length changes")
+        return [list(x) for x in window]
+
     def load_state_dict(self, state: PackerState) -> None:
         check_state(state, STATE_KEYS, "Packer")
         self.source.load_state_dict(state["source"])
         self._window_rows = None
         self._rows_emitted = 0
-        if state["window"]:
+        window = state["window"]
+        if window:
+            layouts = self._saved_layouts(window)
+            self.seq_len = layouts[0][0]
             self._build_window()
+            for seq_len, before in layouts[1:]:
+                if not 0 <= before <= len(self._window_rows):
+                    raise ResumeMismatchError(f"Packer: the saved window's layout at seq_len {seq_len} starts after "
+                                              f"{before} rows, outside its {len(self._window_rows)} rows")
+                self._rows_emitted = before
+                self.seq_len = seq_len
+                self._relayout(seq_len)
             rows = int(state["rows_emitted"])
             if not 0 <= rows < len(self._window_rows or ()):
                 raise ResumeMismatchError(
