@@ -18,6 +18,7 @@ from .loader.loader import StreamingLoader
 from .ledger.attach import LedgerConfig
 from .ledger.store import read_ledger
 from .pipeline.metrics import StreamLoss
+from .planning.schedule import Phase
 from .pipeline.masks import cu_seqlens, document_block_mask, packed_causal_mask
 from .resume.state import ResumeReport, merge_states, unpack_state
 from .storage.config import HedgePolicy, RetryPolicy, StorageConfig
@@ -44,6 +45,7 @@ __all__ = sorted(
         "ShuffleConfig",
         "read_records",
         "PackedTokenDataset",
+        "Phase",
         "ResumeReport",
         "Stream",
         "StreamingLoader",

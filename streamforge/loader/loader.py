@@ -190,6 +190,11 @@ class StreamingLoader:
         return self.clock.step
 
     @property
+    def lr_scale(self) -> float:
+        """The LR factor of the next step's schedule phase: multiply the scheduler's LR by it."""
+        return self.dataset.schedule.lr_scale_at(self.clock.step)
+
+    @property
     def steps_per_pass(self) -> int:
         """Steps (batches per rank) in the current pass: known before its first batch. With
         ``infinite=True`` the streams' passes run on their own; this is the steps one pass

@@ -70,7 +70,10 @@ class PackedTokenDataset(IterableDataset):
             torch.distributed, with ``share_manifests``).
         weights: overrides the streams' own weights: a ``{name: weight}`` mapping, or a
             schedule ``[(first_step, {name: weight}), ...]`` keyed by global step
-            (docs/mixing.md).
+            (docs/mixing.md); a phase may carry an LR scale: ``(first_step, {name: weight},
+            lr_scale)`` or ``Phase(first_step, weights, lr_scale)``.
+        anneal: ``(step, {name: weight}[, lr_scale])``: from ``step`` the listed weights and
+            every other stream at 0 (not together with a list of phases in ``weights``).
         temperature: reshapes every phase's weights as ``w ** (1/temperature)``.
         evaluation, eval_tokens: make an evaluation dataset; ``EvaluationDataset`` is the
             clearer spelling (docs/eval.md).
@@ -104,6 +107,7 @@ class PackedTokenDataset(IterableDataset):
         share_manifests: bool = True,
         weights: Any = None,
         temperature: float = 1.0,
+        anneal: Any = None,
         evaluation: bool = False,
         eval_tokens: int | None = None,
     ) -> None:
@@ -116,7 +120,7 @@ class PackedTokenDataset(IterableDataset):
             check_eval_config(packing, infinite, eval_tokens)
         elif eval_tokens is not None:
             raise ConfigError("eval_tokens applies to evaluation datasets only (evaluation=True)")
-        self.streams = _normalize_streams(streams, weights is not None or self.evaluation)
+        self.streams = _normalize_streams(streams, weights is not None or anneal is not None or self.evaluation)
         self.storage = storage or StorageConfig()
         self.manifests = (
             list(manifests) if manifests is not None else self._load_manifests(share_manifests)
@@ -146,7 +150,7 @@ class PackedTokenDataset(IterableDataset):
         self.topology = Topology.build(rank, world_size, mesh=mesh, dp_dims=dp_dims, group=group)
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
-        self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature)
+        self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature, anneal)
         self.planner = Planner(self.stream_names, self.manifests, seed=self.config.seed, sources=self._index_source)
         self._index_sources: dict[int, ShardSource] = {}
 
