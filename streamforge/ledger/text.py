@@ -44,7 +44,8 @@ def format_check(report: dict[str, Any], url: str) -> str:
         lines.append("delivered twice (pass stream shard record tokens: first at, again at):")
         for d in report["duplicates"][:LIST_LIMIT]:
             first, again = d["first"], d["again"]
-            lines.append(f"  pass {d['pass']} {d['stream']} shard {d['shard']} record {d['record']} "
+            reading = f"reading {d['reading']} " if d.get("reading") else ""
+            lines.append(f"  pass {d['pass']} {d['stream']} {reading}shard {d['shard']} record {d['record']} "
                          f"tokens {d['tokens'][0]}..{d['tokens'][1]}: step {first['step']} rank {first['rank']} "
                          f"(gen {first['generation']}), again step {again['step']} rank {again['rank']} "
                          f"(gen {again['generation']})")

@@ -43,7 +43,7 @@ from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
 from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
-from . import collector
+from . import collector, mixture
 from .clock import Clock
 from .counters import Counters, storage_totals
 from .device import DeviceFeed, check_depth, default_device, taken
@@ -146,6 +146,7 @@ class StreamingLoader:
         exactness depends on) and its ``fingerprint`` (what a state must match to resume
         exactly), the replicas' agreement, and the ledger writer of this rank."""
         dataset, ledger = self.dataset, self._ledger_config
+        dataset.bind_batch(self.batch_size)  # upsampled streams' readings (pipeline/repeats.py)
         self.config = {**dataset.describe(), "batch_size": self.batch_size, "workers_per_rank": self.num_logical}
         self.fingerprint = fingerprint(self.config)
         check_replicas(dataset.topology, fingerprint=self.fingerprint, read_once=self.read_once,
@@ -285,7 +286,7 @@ class StreamingLoader:
         out.update({"pass": self.clock.pass_idx, "batch": self.clock.batch, "skip_steps": self.skip_steps.to_list()})
         out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
         if not self.infinite:
-            out["steps_per_pass"] = self.steps_per_pass
+            out["steps_per_pass"], out["mixture"] = self.steps_per_pass, mixture.report(self)
         head = [self._head.stats] if self._head is not None else []
         storage = storage_totals([*self._stats.values(), *head])
         for name in self.dataset.stream_names:
@@ -330,6 +331,7 @@ class StreamingLoader:
             self._end_pass()
         if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
             self._warn_empty_pass()
+        mixture.warn_before_pass(self)
         topology = self.dataset.topology
         if self.shares_reads and topology.replica > 0:
             items = receive_from_replica_zero(topology, self._steps_left(), self._received)

@@ -29,6 +29,7 @@ from ..format.manifest import Manifest
 from ..source import ShardSource
 from ..planning.plan import PassPlan
 from ..planning.planner import Planner
+from ..planning.readings import reading_manifest
 from ..planning.schedule import MixtureSchedule
 from ..resume.state import saved_config
 from ..storage.config import StorageConfig
@@ -39,6 +40,7 @@ from .config import (  # noqa: F401 - re-exported: the dataset's settings are im
     _PACKING, _SHUFFLE, _settings, whole,
 )
 from .foreign import refuse_foreign_sharding
+from .repeats import check_readings, describe_readings, resolve_repeats
 from .worker import WorkerPipeline  # noqa: F401 - re-exported
 
 
@@ -151,8 +153,22 @@ class PackedTokenDataset(IterableDataset):
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
         self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature, anneal)
-        self.planner = Planner(self.stream_names, self.manifests, seed=self.config.seed, sources=self._index_source)
         self._index_sources: dict[int, ShardSource] = {}
+        check_readings(self)
+        self.repeats: list[float] = []
+        self.bind_batch(1)
+
+    def bind_batch(self, batch_size: int) -> None:
+        """Plan with ``batch_size`` rows per rank and step (a loader's): the readings of
+        ``upsample=True`` streams depend on the steps a pass holds (``readings.py``)."""
+        per_step = self.world_size * int(batch_size) * self.config.seq_len
+        repeats = resolve_repeats(self, per_step)
+        if repeats != self.repeats:
+            self.repeats = repeats
+            self.read_manifests = [reading_manifest(m, r) for m, r in zip(self.manifests, repeats)]
+            self.planner = Planner(self.stream_names, self.read_manifests, seed=self.config.seed,
+                                   sources=self._index_source, repeats=repeats)
+            self._index_sources = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -172,7 +188,7 @@ class PackedTokenDataset(IterableDataset):
         stream's share of a pipeline's read-ahead (``read_shares``)."""
         s = self.streams[stream]
         fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge, self.storage.client)
-        source = ShardSource(self.manifests[stream], fetcher, config=self.storage,
+        source = ShardSource(self.read_manifests[stream], fetcher, config=self.storage,
                              read_share=self.read_shares[stream])
         shared = self._index_sources.get(stream)
         if shared is not None:
@@ -289,8 +305,8 @@ class PackedTokenDataset(IterableDataset):
         workers (plain data; the basis of resume fingerprints)."""
         return {
             "streams": [
-                {"name": s.name, "weight": s.weight, "manifest": m.fingerprint}
-                for s, m in zip(self.streams, self.manifests)
+                {"name": s.name, "weight": s.weight, "manifest": m.fingerprint, **describe_readings(s, m, r)}
+                for s, m, r in zip(self.streams, self.manifests, self.repeats)
             ],
             "mixture": self.schedule.describe(),
             "world_size": self.world_size,
