@@ -19,7 +19,7 @@ from streamforge import (
     merge_states, unpack_state,
 )
 from streamforge.cli import main
-from streamforge.ledger.report import check
+from streamforge.ledger.report import check, show
 from streamforge.ledger.store import read_ledger
 from streamforge.ledger.text import format_check
 
@@ -263,6 +263,11 @@ def test_a_statistical_resume_of_a_repeated_stream_runs(corpus):
     again = _loader(corpus, dict(repeat=3.5), workers=2)
     again.resume_from_counters({"big": 20_000, "small": 9_000})
     assert len(_quiet(_run, again, again.step + 5)) == 5
+    fewer = _loader(corpus, dict(repeat=2), workers=2)  # fewer readings than the saved cursors went through
+    fewer.load_state_dict(state)
+    assert fewer.resume_report.mode == "statistical"
+    assert "stream 'small': repeat 3.5 -> 2.0" in fewer.resume_report.differences
+    assert len(_quiet(_run, fewer, 60)) == 20
 
 
 def test_saved_work_outside_the_readings_is_refused(corpus):
@@ -302,8 +307,13 @@ def test_the_ledger_checks_an_upsampled_pass_and_finds_a_duplicate_within_a_read
     assert "whole_readings" not in p["records_never_reached"]["big"]  # read once (its tail may be dropped)
     assert main(["ledger", "check", str(url)]) == 0
     capsys.readouterr()
-    # clean although each record of the small stream came three times: once per reading
     n = ds.manifests[1].num_shards
+    at = int(np.flatnonzero((ledger.pieces["stream"] == 1) & (ledger.pieces["shard"] // n == 2))[0])
+    shown = [p for rank in show(ledger, int(ledger.pieces["step"][at]))["ranks"] for p in rank["rows"]]
+    assert {"reading": 2, "shard": int(ledger.pieces["shard"][at]) - 2 * n} in [
+        {k: p.get(k) for k in ("reading", "shard")} for p in shown if p["stream"] == "small"]
+    assert all("reading" not in p for p in shown if p["stream"] == "big")
+    # clean although each record of the small stream came three times: once per reading
     firsts = (ledger.pieces["stream"] == 1) & (ledger.pieces["token_start"] == 0)
     physical = ledger.pieces["shard"][firsts] % n * 10**6 + ledger.pieces["record"][firsts]
     assert set(np.unique(physical, return_counts=True)[1].tolist()) == {3}

@@ -378,6 +378,7 @@ def show(ledger: Ledger, step: int, ranks: list[int] | None = None) -> dict[str,
         out["skipped"] = bool(steps["skipped"][at].any())
     rows = int(ledger.meta.get("batch_size", 1))
     seq_len = ledger.seq_len
+    repeated = repeated_streams(ledger)
     for r in sorted(set(steps["rank"][at].tolist())):
         if ranks is not None and r not in ranks:
             continue
@@ -386,11 +387,19 @@ def show(ledger: Ledger, step: int, ranks: list[int] | None = None) -> dict[str,
         cut = split_at_rows(batch)
         out["ranks"].append({"rank": r, "rows": [
             {"row": int(cut["row"][i]), "col": int(cut["col"][i]), "stream": _name(names, cut["stream"][i]),
-             "shard": int(cut["shard"][i]), "record": int(cut["record"][i]),
+             **_shard_of(repeated, int(cut["stream"][i]), int(cut["shard"][i])), "record": int(cut["record"][i]),
              "tokens": [int(cut["token_start"][i]), int(cut["token_start"][i] + cut["length"][i])],
              "continues": bool(cut["continues"][i])}
             for i in range(len(cut["row"]))]})
     return out
+
+
+def _shard_of(repeated: dict[int, tuple[int, float]], stream: int, shard: int) -> dict[str, int]:
+    """A piece's shard, with its reading where the stream is read more than once."""
+    if stream not in repeated:
+        return {"shard": shard}
+    reading, shard = divmod(shard, repeated[stream][0])
+    return {"reading": reading, "shard": shard}
 
 
 def _as_batch(pieces: dict[str, np.ndarray], sel: np.ndarray, rows: int, seq_len: int) -> RowBatch:

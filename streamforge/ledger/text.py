@@ -123,7 +123,8 @@ def _piece_lines(ranks: list[dict[str, Any]], indent: str) -> list[str]:
         for p in r["rows"]:
             label = f"row {p['row']}" if p["row"] != row else ""
             row = p["row"]
-            line = (f"{indent}  {label:<8} col {p['col']:>6}  {p['stream']:<12} shard {p['shard']:>5} "
+            line = (f"{indent}  {label:<8} col {p['col']:>6}  {p['stream']:<12} "
+                    f"{'reading ' + str(p['reading']) + ' ' if 'reading' in p else ''}shard {p['shard']:>5} "
                     f"record {p['record']:>8}  tokens {p['tokens'][0]:>7}..{p['tokens'][1]:<7}"
                     + ("  continues" if p["continues"] else ""))
             lines.append(line.rstrip())
