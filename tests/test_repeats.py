@@ -328,3 +328,12 @@ def test_the_ledger_checks_an_upsampled_pass_and_finds_a_duplicate_within_a_read
     dup = report["duplicates"][0]
     assert (dup["stream"], dup["reading"], dup["shard"]) == ("small", 1, int(pieces["shard"][i]) % n)
     assert f"small reading 1 shard {dup['shard']} record {dup['record']}" in format_check(report, str(url))
+
+
+def test_a_pass_of_no_step_is_not_also_a_mixture_warning(corpus):
+    ldr = _loader(corpus, batch=10_000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list(ldr) == []
+    assert [w.category for w in caught] == [UserWarning] and "has 0 steps" in str(caught[0].message)
+    assert ldr.stats()["mixture"]["honoured"]

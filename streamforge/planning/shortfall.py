@@ -66,7 +66,7 @@ def estimate(
                         name = names[i]
                         runs_out[name] = min(runs_out.get(name, step), step)
     tail = steps - max(1, math.ceil(TAIL * steps))
-    early = {k: v for k, v in runs_out.items() if v < first_step + tail}
+    early = {k: v for k, v in runs_out.items() if v < first_step + tail} if steps else {}  # no step: warned apart
     total = sum(got)
     target = [0.0] * n
     for p, start in enumerate(starts):

@@ -34,6 +34,7 @@ from ..errors import ResumeMismatchError
 from ..pipeline.dataset import WorkerPipeline
 from ..planning.plan import PassPlan, Range, steps_for, worker_rows
 from ..planning.planner import worker_work
+from ..planning.readings import count as reading_count
 from .probes import buffer_work_left
 from .state import order_config, saved_workers
 
@@ -126,13 +127,14 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, 
 def check_work(dataset, work: Work) -> None:
     """Saved work (from a state file: never trusted) points into the streams' records, each
     range in a reading the stream has (``planning/readings.py``), else ``ResumeMismatchError``."""
+    planner = dataset.planner
     streams = work.get("streams") if isinstance(work, dict) else None
-    if not isinstance(streams, list) or len(streams) != len(dataset.streams):
-        raise ResumeMismatchError(f"loader state: remaining work must list {len(dataset.streams)} streams")
+    if not isinstance(streams, list) or len(streams) != len(planner.names):
+        raise ResumeMismatchError(f"loader state: remaining work must list {len(planner.names)} streams")
     for i, stream_work in enumerate(streams):
-        name, repeat = dataset.stream_names[i], dataset.repeats[i]
-        columns = dataset.planner.manifests[i].columns["num_records"]
-        shards = dataset.manifests[i].num_shards
+        name, repeat = planner.names[i], planner.repeats[i]
+        columns = planner.manifests[i].columns["num_records"]
+        shards = len(columns) // reading_count(repeat)
         units = [("ranges", stream_work.get("ranges", []))]
         units += [("a saved window", u.get("ranges", [])) for u in stream_work.get("windows", [])]
         for what, ranges in units:
