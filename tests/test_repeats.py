@@ -155,8 +155,9 @@ def test_upsampling_gives_the_weights_over_the_pass(corpus, workers, how):
     with warnings.catch_warnings():
         warnings.simplefilter("error", MixtureWarning)
         assert ldr.stats()["mixture"]["honoured"] and ldr.stats()["mixture"]["runs_out"] == {}
+        steps = ldr.steps_per_pass
         batches = _run(ldr)
-    assert len(batches) == ldr.stats()["steps_per_pass"] or ldr.stats()["pass"] == 1
+    assert len(batches) == steps
     stats = ldr.stats()
     tokens = {k: v["tokens"] for k, v in stats["streams"].items()}
     total = sum(tokens.values())
@@ -337,3 +338,32 @@ def test_a_pass_of_no_step_is_not_also_a_mixture_warning(corpus):
         assert list(ldr) == []
     assert [w.category for w in caught] == [UserWarning] and "has 0 steps" in str(caught[0].message)
     assert ldr.stats()["mixture"]["honoured"]
+
+
+def test_each_reading_has_its_own_shard_order_and_cuts():
+    from streamforge.planning.plan import plan_stream
+    from streamforge.planning.readings import plan_readings
+
+    records = np.full(40, 10)
+    tokens = np.arange(40) * 7 + 100
+    args = dict(seed=3, stream_key="small", pass_idx=0)
+    # one reading is the stream's own plan, untouched
+    assert plan_readings(records, tokens, repeat=1.0, num_global_workers=3, **args) == plan_stream(
+        records, tokens, num_global_workers=3, **args)
+    (whole,) = plan_readings(records, tokens, repeat=2.5, num_global_workers=1, **args)
+    by_reading = collections.defaultdict(list)
+    for shard, a, b in whole:
+        by_reading[shard // 40].append((shard % 40, a, b))
+    assert sorted(by_reading) == [0, 1, 2]
+    first, second = ([s for s, _, _ in by_reading[r]] for r in (0, 1))
+    assert sorted(first) == sorted(second) == list(range(40)) and first != second  # own order, every shard
+    part = sum(tokens[s] * (b - a) / 10 for s, a, b in by_reading[2]) / tokens.sum()
+    assert abs(part - 0.5) < 0.02  # the first half of the third reading's order, in tokens
+    assert [s for s, _, _ in by_reading[2]][:5] != first[:5]
+    # with workers, every reading is cut among them once, and a worker's pieces rotate
+    per_worker = plan_readings(records, tokens, repeat=2.0, num_global_workers=4, **args)
+    for r in (0, 1):
+        got = sorted((s % 40, a, b) for ranges in per_worker for s, a, b in ranges if s // 40 == r)
+        assert sum(b - a for _, a, b in got) == 400
+    alone = plan_stream(records, tokens, num_global_workers=4, seed=3, stream_key="small#reading1", pass_idx=0)
+    assert [(s - 40, a, b) for s, a, b in per_worker[0] if s >= 40] == alone[1]
