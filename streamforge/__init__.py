@@ -4,6 +4,7 @@ from .errors import (
     ConfigError,
     LedgerError,
     ManifestError,
+    MixtureWarning,
     ResumeMismatchError,
     ShardCorruptError,
     SourceError,
@@ -19,6 +20,7 @@ from .ledger.attach import LedgerConfig
 from .ledger.store import read_ledger
 from .pipeline.metrics import StreamLoss
 from .pipeline.cost import AttentionCost
+from .planning.schedule import Phase
 from .pipeline.masks import cu_seqlens, document_block_mask, packed_causal_mask
 from .resume.state import ResumeReport, merge_states, unpack_state
 from .storage.config import HedgePolicy, RetryPolicy, StorageConfig
@@ -32,6 +34,7 @@ __all__ = sorted(
         "LedgerError",
         "Manifest",
         "ManifestError",
+        "MixtureWarning",
         "ResumeMismatchError",
         "ShardCorruptError",
         "ShardInfo",
@@ -46,6 +49,7 @@ __all__ = sorted(
         "ShuffleConfig",
         "read_records",
         "PackedTokenDataset",
+        "Phase",
         "ResumeReport",
         "Stream",
         "StreamingLoader",

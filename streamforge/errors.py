@@ -42,3 +42,8 @@ class LedgerError(StreamforgeError, ValueError):
 class PipelineInvariantError(StreamforgeError, RuntimeError):
     """streamforge broke one of its own invariants (a worker's step or share of a pass is not
     the one the plan gives it): a bug to report, not something a caller can fix."""
+
+
+class MixtureWarning(UserWarning):
+    """A finite pass cannot honour the mixture's weights: a stream runs out early and nothing
+    repeats it (``stats()["mixture"]`` holds the same estimate)."""

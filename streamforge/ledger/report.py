@@ -7,6 +7,12 @@ start with the running maximum of the ends before it in its group: O(n log n), v
 (about a second for 10^7 pieces). Skipped steps count as consumed (the loader builds them),
 so their tokens must not come back either.
 
+A stream read more than once per pass (``Stream(repeat=k)``, ``upsample=True``) records
+reading ``r`` of shard ``s`` as shard ``r * S + s`` (``planning/readings.py``; the meta's
+stream entry holds ``repeat`` and ``shards``): ``with_readings`` splits it into a ``reading``
+and the shard, so a record delivered once in each reading is exactly once, and twice in one
+reading a duplicate.
+
 Each function returns plain data (for ``--json``); ``format_*`` turn it into text.
 """
 
@@ -62,7 +68,7 @@ def check(ledger: Ledger, manifests: dict[str, Any] | None = None) -> dict[str, 
     """Everything ``streamforge ledger check`` reports; ``ok`` is False on any problem.
 
     ``manifests``: stream name -> ``Manifest`` (optional) to count records never reached."""
-    steps, pieces = ledger.steps, ledger.pieces
+    steps, pieces = ledger.steps, with_readings(ledger)
     meta = ledger.meta
     infinite = bool(meta.get("infinite", False))
     names = ledger.stream_names
@@ -91,7 +97,7 @@ def check(ledger: Ledger, manifests: dict[str, Any] | None = None) -> dict[str, 
         "duplicates": duplicates,
         "skipped_steps": _skipped_steps(steps, pieces),
         "damaged": ledger.damaged,
-        "passes": [] if infinite else _passes(ledger, manifests, names),
+        "passes": [] if infinite else _passes(ledger, pieces, manifests, names),
     }
     report["ok"] = not problems
     return report
@@ -155,8 +161,33 @@ def _names(restart: dict[str, Any]) -> str:
     return "+".join(str(g) for g in restart["generations"])
 
 
+def repeated_streams(ledger: Ledger) -> dict[int, tuple[int, float]]:
+    """Stream index -> (its shards, its readings per pass), for the streams read more than once."""
+    out = {}
+    for i, entry in enumerate(ledger.meta.get("streams", [])):
+        if isinstance(entry, dict) and "repeat" in entry and int(entry.get("shards", 0)) > 0:
+            out[i] = (int(entry["shards"]), float(entry["repeat"]))
+    return out
+
+
+def with_readings(ledger: Ledger) -> dict[str, np.ndarray]:
+    """The ledger's pieces with a ``reading`` column (0 for a stream read once) and each
+    shard id of a repeated stream split into that reading and the stream's shard."""
+    pieces = dict(ledger.pieces)
+    reading = np.zeros(len(pieces["shard"]), np.int64)
+    repeated = repeated_streams(ledger)
+    if repeated:
+        shard = pieces["shard"].astype(np.int64)
+        for stream, (num_shards, _) in repeated.items():
+            sel = pieces["stream"] == stream
+            reading[sel], shard[sel] = np.divmod(shard[sel], num_shards)
+        pieces["shard"] = shard
+    pieces["reading"] = reading
+    return pieces
+
+
 def _duplicates(pieces: dict[str, np.ndarray], names: list[str]) -> list[dict[str, Any]]:
-    keys = [pieces["pass"], pieces["stream"], pieces["shard"], pieces["record"]]
+    keys = [pieces["pass"], pieces["stream"], pieces["reading"], pieces["shard"], pieces["record"]]
     end = pieces["token_start"] + pieces["length"]
     a, b = find_overlaps(keys, pieces["token_start"], end)
     # "first" is the earlier delivery in time: by generation, then step, then rank
@@ -173,6 +204,7 @@ def _duplicates(pieces: dict[str, np.ndarray], names: list[str]) -> list[dict[st
         hi = min(int(end[i]), int(end[j]))
         out.append({
             "pass": int(pieces["pass"][i]), "stream": _name(names, pieces["stream"][i]),
+            "reading": int(pieces["reading"][i]),
             "shard": int(pieces["shard"][i]), "record": int(pieces["record"][i]), "tokens": [lo, hi],
             "first": _where(pieces, j), "again": _where(pieces, i),
         })
@@ -204,8 +236,8 @@ def _skipped_steps(steps: dict[str, np.ndarray], pieces: dict[str, np.ndarray]) 
     return out
 
 
-def _passes(ledger: Ledger, manifests: dict[str, Any] | None, names: list[str]) -> list[dict[str, Any]]:
-    steps, pieces = ledger.steps, ledger.pieces
+def _passes(ledger: Ledger, pieces, manifests: dict[str, Any] | None, names: list[str]) -> list[dict[str, Any]]:
+    steps = ledger.steps
     out = []
     for p in sorted(set(np.unique(steps["pass"]).tolist()) | set(ledger.passes)):
         plan = ledger.passes.get(p, {})
@@ -225,7 +257,7 @@ def _passes(ledger: Ledger, manifests: dict[str, Any] | None, names: list[str]) 
             })
         entry["partial_documents"] = _partial(pieces, mine, names)
         if manifests:
-            entry["records_never_reached"] = _untouched(pieces, mine, names, manifests)
+            entry["records_never_reached"] = _untouched(pieces, mine, names, manifests, repeated_streams(ledger))
         out.append(entry)
     return out
 
@@ -235,7 +267,7 @@ def _partial(pieces: dict[str, np.ndarray], mine: np.ndarray, names: list[str]) 
     idx = np.flatnonzero(mine)
     if not len(idx):
         return {"count": 0, "listed": []}
-    key = [pieces[k][idx].astype(np.int64) for k in ("stream", "shard", "record")]
+    key = [pieces[k][idx].astype(np.int64) for k in ("stream", "reading", "shard", "record")]
     end = pieces["token_start"][idx] + pieces["length"][idx]
     order = np.lexsort([end] + key[::-1])
     last = np.ones(len(order), bool)
@@ -246,29 +278,35 @@ def _partial(pieces: dict[str, np.ndarray], mine: np.ndarray, names: list[str]) 
     last[-1] = True
     final = idx[order[last]]
     cut = final[pieces["continues"][final]]
-    listed = [{"stream": _name(names, pieces["stream"][i]), "shard": int(pieces["shard"][i]),
+    listed = [{"stream": _name(names, pieces["stream"][i]), "reading": int(pieces["reading"][i]),
+               "shard": int(pieces["shard"][i]),
                "record": int(pieces["record"][i]), "delivered_to": int(pieces["token_start"][i] + pieces["length"][i]),
                "step": int(pieces["step"][i]), "rank": int(pieces["rank"][i])} for i in cut.tolist()]
     return {"count": len(listed), "listed": listed}
 
 
-def _untouched(pieces, mine, names, manifests) -> dict[str, Any]:
-    """Per stream: non-empty records (empty ones are never delivered) no piece touched."""
+def _untouched(pieces, mine, names, manifests, repeated) -> dict[str, Any]:
+    """Per stream: non-empty records (empty ones are never delivered) no piece touched, in
+    each whole reading of a repeated stream (a partial last reading reads only a part)."""
     out = {}
     for s, name in enumerate(names):
         manifest = manifests.get(name)
         if manifest is None:
             out[name] = {"unknown": "manifest not read"}
             continue
-        sel = mine & (pieces["stream"] == s)
-        touched = np.unique(np.stack([pieces["shard"][sel].astype(np.int64), pieces["record"][sel]], axis=1), axis=0)
-        per_shard = np.bincount(touched[:, 0], minlength=manifest.num_shards) if len(touched) else np.zeros(
-            manifest.num_shards, np.int64)
-        docs = manifest.columns.get("num_docs", manifest.columns["num_records"])
-        missing = np.maximum(np.asarray(docs, np.int64) - per_shard[: manifest.num_shards], 0)
+        whole = int(repeated[s][1]) if s in repeated else 1
+        sel = mine & (pieces["stream"] == s) & (pieces["reading"] < whole)
+        virtual = pieces["reading"][sel] * manifest.num_shards + pieces["shard"][sel]
+        touched = np.unique(np.stack([virtual.astype(np.int64), pieces["record"][sel]], axis=1), axis=0)
+        size = whole * manifest.num_shards
+        per_shard = np.bincount(touched[:, 0], minlength=size) if len(touched) else np.zeros(size, np.int64)
+        docs = np.tile(np.asarray(manifest.columns.get("num_docs", manifest.columns["num_records"]), np.int64), whole)
+        missing = np.maximum(docs - per_shard[:size], 0)
         out[name] = {"records": int(np.sum(docs)), "touched": int(len(touched)), "never_reached": int(missing.sum()),
                      "shards_with_untouched": int((missing > 0).sum()),
                      "counts": "non-empty records" if "num_docs" in manifest.columns else "records (empty ones included)"}
+        if s in repeated:
+            out[name]["whole_readings"] = whole
     return out
 
 
@@ -341,6 +379,7 @@ def show(ledger: Ledger, step: int, ranks: list[int] | None = None) -> dict[str,
         out["skipped"] = bool(steps["skipped"][at].any())
     rows = StepSchedule.build("batch_size", ledger.meta.get("batch_size", 1)).at(step)  # an int, or by step
     seq_len = ledger.seq_len_at(step)
+    repeated = repeated_streams(ledger)
     for r in sorted(set(steps["rank"][at].tolist())):
         if ranks is not None and r not in ranks:
             continue
@@ -349,11 +388,19 @@ def show(ledger: Ledger, step: int, ranks: list[int] | None = None) -> dict[str,
         cut = split_at_rows(batch)
         out["ranks"].append({"rank": r, "rows": [
             {"row": int(cut["row"][i]), "col": int(cut["col"][i]), "stream": _name(names, cut["stream"][i]),
-             "shard": int(cut["shard"][i]), "record": int(cut["record"][i]),
+             **_shard_of(repeated, int(cut["stream"][i]), int(cut["shard"][i])), "record": int(cut["record"][i]),
              "tokens": [int(cut["token_start"][i]), int(cut["token_start"][i] + cut["length"][i])],
              "continues": bool(cut["continues"][i])}
             for i in range(len(cut["row"]))]})
     return out
+
+
+def _shard_of(repeated: dict[int, tuple[int, float]], stream: int, shard: int) -> dict[str, int]:
+    """A piece's shard, with its reading where the stream is read more than once."""
+    if stream not in repeated:
+        return {"shard": shard}
+    reading, shard = divmod(shard, repeated[stream][0])
+    return {"reading": reading, "shard": shard}
 
 
 def _as_batch(pieces: dict[str, np.ndarray], sel: np.ndarray, rows: int, seq_len: int) -> RowBatch:

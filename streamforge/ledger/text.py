@@ -44,7 +44,8 @@ def format_check(report: dict[str, Any], url: str) -> str:
         lines.append("delivered twice (pass stream shard record tokens: first at, again at):")
         for d in report["duplicates"][:LIST_LIMIT]:
             first, again = d["first"], d["again"]
-            lines.append(f"  pass {d['pass']} {d['stream']} shard {d['shard']} record {d['record']} "
+            reading = f"reading {d['reading']} " if d.get("reading") else ""
+            lines.append(f"  pass {d['pass']} {d['stream']} {reading}shard {d['shard']} record {d['record']} "
                          f"tokens {d['tokens'][0]}..{d['tokens'][1]}: step {first['step']} rank {first['rank']} "
                          f"(gen {first['generation']}), again step {again['step']} rank {again['rank']} "
                          f"(gen {again['generation']})")
@@ -122,7 +123,8 @@ def _piece_lines(ranks: list[dict[str, Any]], indent: str) -> list[str]:
         for p in r["rows"]:
             label = f"row {p['row']}" if p["row"] != row else ""
             row = p["row"]
-            line = (f"{indent}  {label:<8} col {p['col']:>6}  {p['stream']:<12} shard {p['shard']:>5} "
+            line = (f"{indent}  {label:<8} col {p['col']:>6}  {p['stream']:<12} "
+                    f"{'reading ' + str(p['reading']) + ' ' if 'reading' in p else ''}shard {p['shard']:>5} "
                     f"record {p['record']:>8}  tokens {p['tokens'][0]:>7}..{p['tokens'][1]:<7}"
                     + ("  continues" if p["continues"] else ""))
             lines.append(line.rstrip())

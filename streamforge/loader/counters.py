@@ -144,10 +144,12 @@ class Counters:
                 "weights": dict(zip(self.names, weights)),
                 "tokens": dict(zip(self.names, counts)),
                 "shares": {k: (c / total if total else 0.0) for k, c in zip(self.names, counts)},
+                "lr_scale": self.schedule.lr_scale_of(p),
             })
         return {
             "step": step,
             "phase": self.schedule.phase_at(step),
+            "lr_scale": self.schedule.lr_scale_at(step),  # of the step about to be trained
             "streams": {
                 name: {"tokens": t, "documents": d}
                 for name, t, d in zip(self.names, self.tokens, self.documents)

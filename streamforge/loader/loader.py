@@ -35,7 +35,6 @@ import torch
 
 from ..errors import ConfigError, PipelineInvariantError
 from ..ledger.attach import LedgerConfig, for_loader
-from ..pipeline import core
 from ..pipeline.batch import RowBatch, check_fields, expand
 from ..pipeline.dataset import BOUNDARIES, PackedTokenDataset, scheduled, whole
 from ..planning.plan import PassPlan
@@ -43,11 +42,12 @@ from ..planning.schedule import SkipRanges
 from ..planning.steps import batch_schedule
 from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
-from . import collector
+from . import collector, mixture
 from .clock import Clock
-from .counters import Counters, storage_totals
+from .counters import Counters
 from .device import DeviceFeed, check_depth, default_device, taken
 from .passes import warn_empty_pass
+from .stats import loader_stats
 from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
 
@@ -156,6 +156,7 @@ class StreamingLoader:
         exactness depends on) and its ``fingerprint`` (what a state must match to resume
         exactly), the replicas' agreement, and the ledger writer of this rank."""
         dataset, ledger = self.dataset, self._ledger_config
+        dataset.bind_batch(self.batch_sizes)  # upsampled streams' readings (pipeline/repeats.py)
         self.config = {**dataset.describe(), "batch_size": self.batch_sizes.describe(),
                        "workers_per_rank": self.num_logical}
         self.fingerprint = fingerprint(self.config)
@@ -209,6 +210,11 @@ class StreamingLoader:
     def seq_len(self) -> int:
         """Tokens per row at the next step (the dataset's ``seq_lens``: by step)."""
         return self.dataset.seq_lens.at(self.clock.step)
+
+    @property
+    def lr_scale(self) -> float:
+        """The LR factor of the next step's schedule phase: multiply the scheduler's LR by it."""
+        return self.dataset.schedule.lr_scale_at(self.clock.step)
 
     @property
     def steps_per_pass(self) -> int:
@@ -300,22 +306,7 @@ class StreamingLoader:
         """Plain data: the step and phase, tokens and documents per stream and per phase in
         the batches handed out, skipped and dropped counts, and storage counters (summed
         over this rank's workers, as of the last batch handed out)."""
-        self._collect_live_stats()
-        out = self.counters.report(self.step)
-        out.update({"pass": self.clock.pass_idx, "batch": self.clock.batch, "skip_steps": self.skip_steps.to_list()})
-        out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
-        if not self.infinite:
-            out["steps_per_pass"] = self.steps_per_pass
-        head = [self._head.stats] if self._head is not None else []
-        storage = storage_totals([*self._stats.values(), *head])
-        for name in self.dataset.stream_names:
-            out["streams"][name].update(storage.pop(name, {}))
-        out.update(storage)
-        topology = self.dataset.topology
-        if topology.replicas > 1:
-            out["replica"] = {"index": topology.replica, "of": topology.replicas,
-                              "reads_storage": topology.replica == 0 or not self.read_once}
-        return out
+        return loader_stats(self)
 
     def skipped(self) -> list[dict[str, Any]]:
         """The damaged records skipped so far (``on_error="skip"``), as of the last batch handed out."""
@@ -350,6 +341,7 @@ class StreamingLoader:
             self._end_pass()
         if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
             warn_empty_pass(self)
+        mixture.warn_before_pass(self)
         topology = self.dataset.topology
         if self.shares_reads and topology.replica > 0:
             items = receive_from_replica_zero(topology, self._steps_left(), self._received)

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..format.manifest import Manifest
 from ..planning.steps import StepSchedule
+from ..planning.readings import check_repeat
 from ..stages.pack import MODES
 
 BOUNDARIES = ("document", "stream")
@@ -30,16 +31,24 @@ class Stream:
         name: the stable name; None takes ``stream<i>``.
         storage_options: passed to the stream's filesystem (credentials, endpoint...);
             never printed.
+        repeat: readings of the stream per pass (> 0; a fraction reads the first part of a
+            last reading), each in its own order (docs/mixing.md, upsampling).
+        upsample: in a finite pass, as many readings as the stream's weights need until the
+            pass ends (computed from the plan; not together with ``repeat``).
     """
 
     url: str
     weight: float = 1.0
     name: str | None = None
     storage_options: dict[str, Any] | None = None
+    repeat: float = 1.0
+    upsample: bool = False
 
     def __repr__(self) -> str:  # storage options hold keys and tokens: never printed
         options = None if self.storage_options is None else _masked(self.storage_options)
-        return f"Stream(url={self.url!r}, weight={self.weight!r}, name={self.name!r}, storage_options={options!r})"
+        extra = (f", repeat={self.repeat!r}" if self.repeat != 1 else "") + (", upsample=True" if self.upsample else "")
+        return (f"Stream(url={self.url!r}, weight={self.weight!r}, name={self.name!r}, "
+                f"storage_options={options!r}{extra})")
 
 
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "session", "signature")
@@ -137,7 +146,8 @@ def _normalize_streams(streams: Any, scheduled: bool = False) -> list[Stream]:
             raise ConfigError(f"stream {s.name or s.url}: weight must be >= 0, got {s.weight}")
     if sum(s.weight for s in out) <= 0 and not scheduled:
         raise ConfigError("at least one stream needs a positive weight")
-    return [Stream(str(s.url), float(s.weight), n, s.storage_options) for s, n in zip(out, names)]
+    return [Stream(str(s.url), float(s.weight), n, s.storage_options, check_repeat(n, s.repeat, s.upsample),
+                   s.upsample) for s, n in zip(out, names)]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ from ..format.manifest import Manifest
 from ..source import ShardSource
 from ..planning.plan import PassPlan
 from ..planning.planner import Planner
+from ..planning.readings import reading_manifest
 from ..planning.schedule import MixtureSchedule
+from ..planning.steps import JobTokens, StepSchedule
 from ..resume.state import saved_config
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher
@@ -39,6 +41,7 @@ from .config import (  # noqa: F401 - re-exported: the dataset's settings are im
     _PACKING, _SHUFFLE, _settings, scheduled, whole,
 )
 from .foreign import refuse_foreign_sharding
+from .repeats import check_readings, describe_readings, resolve_repeats
 from .worker import WorkerPipeline  # noqa: F401 - re-exported
 
 
@@ -72,7 +75,10 @@ class PackedTokenDataset(IterableDataset):
             torch.distributed, with ``share_manifests``).
         weights: overrides the streams' own weights: a ``{name: weight}`` mapping, or a
             schedule ``[(first_step, {name: weight}), ...]`` keyed by global step
-            (docs/mixing.md).
+            (docs/mixing.md); a phase may carry an LR scale: ``(first_step, {name: weight},
+            lr_scale)`` or ``Phase(first_step, weights, lr_scale)``.
+        anneal: ``(step, {name: weight}[, lr_scale])``: from ``step`` the listed weights and
+            every other stream at 0 (not together with a list of phases in ``weights``).
         temperature: reshapes every phase's weights as ``w ** (1/temperature)``.
         evaluation, eval_tokens: make an evaluation dataset; ``EvaluationDataset`` is the
             clearer spelling (docs/eval.md).
@@ -106,6 +112,7 @@ class PackedTokenDataset(IterableDataset):
         share_manifests: bool = True,
         weights: Any = None,
         temperature: float = 1.0,
+        anneal: Any = None,
         evaluation: bool = False,
         eval_tokens: int | None = None,
     ) -> None:
@@ -118,7 +125,7 @@ class PackedTokenDataset(IterableDataset):
             check_eval_config(packing, infinite, eval_tokens)
         elif eval_tokens is not None:
             raise ConfigError("eval_tokens applies to evaluation datasets only (evaluation=True)")
-        self.streams = _normalize_streams(streams, weights is not None or self.evaluation)
+        self.streams = _normalize_streams(streams, weights is not None or anneal is not None or self.evaluation)
         self.storage = storage or StorageConfig()
         self.manifests = (
             list(manifests) if manifests is not None else self._load_manifests(share_manifests)
@@ -152,9 +159,22 @@ class PackedTokenDataset(IterableDataset):
         self.topology = Topology.build(rank, world_size, mesh=mesh, dp_dims=dp_dims, group=group)
         widest = max(np.dtype(m.token_dtype).itemsize for m in self.manifests)
         self.token_dtype = np.dtype(f"<u{widest}")
-        self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature)
-        self.planner = Planner(self.stream_names, self.manifests, seed=self.config.seed, sources=self._index_source)
+        self.schedule = MixtureSchedule.build(self.stream_names, self.weights, weights, temperature, anneal)
         self._index_sources: dict[int, ShardSource] = {}
+        check_readings(self)
+        self.repeats: list[float] = []
+        self.bind_batch(StepSchedule.build("batch_size", 1))
+
+    def bind_batch(self, batch_sizes: StepSchedule) -> None:
+        """Plan with ``batch_sizes`` rows per rank and step (a loader's, by step): the readings
+        of ``upsample=True`` streams depend on the steps a pass holds (``readings.py``)."""
+        repeats = resolve_repeats(self, JobTokens(batch_sizes, self.seq_lens, self.world_size))
+        if repeats != self.repeats:
+            self.repeats = repeats
+            self.read_manifests = [reading_manifest(m, r) for m, r in zip(self.manifests, repeats)]
+            self.planner = Planner(self.stream_names, self.read_manifests, seed=self.config.seed,
+                                   sources=self._index_source, repeats=repeats)
+            self._index_sources = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -174,7 +194,7 @@ class PackedTokenDataset(IterableDataset):
         stream's share of a pipeline's read-ahead (``read_shares``)."""
         s = self.streams[stream]
         fetcher = ByteFetcher(s.url, s.storage_options, self.storage.retry, self.storage.hedge, self.storage.client)
-        source = ShardSource(self.manifests[stream], fetcher, config=self.storage,
+        source = ShardSource(self.read_manifests[stream], fetcher, config=self.storage,
                              read_share=self.read_shares[stream])
         shared = self._index_sources.get(stream)
         if shared is not None:
@@ -292,8 +312,8 @@ class PackedTokenDataset(IterableDataset):
         described as its ``[[step, seq_len], ...]``; an int as ever."""
         out = {
             "streams": [
-                {"name": s.name, "weight": s.weight, "manifest": m.fingerprint}
-                for s, m in zip(self.streams, self.manifests)
+                {"name": s.name, "weight": s.weight, "manifest": m.fingerprint, **describe_readings(s, m, r)}
+                for s, m, r in zip(self.streams, self.manifests, self.repeats)
             ],
             "mixture": self.schedule.describe(),
             "world_size": self.world_size,

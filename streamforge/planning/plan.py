@@ -56,6 +56,7 @@ def plan_stream(
     num_global_workers: int,
     record_tokens: Callable[[int], np.ndarray] | None = None,
     workers: Sequence[int] | None = None,
+    fraction: float = 1.0,
 ) -> list[list[Range]]:
     """Record ranges of one stream for every global worker (or for ``workers`` only, in that
     order), in reading order.
@@ -64,27 +65,31 @@ def plan_stream(
     falls inside a shard goes to the record boundary nearest its token quantile, exactly;
     without, the shard's tokens are taken as spread evenly over its records. Each cut is
     computed on its own (a worker's ranges need its two cuts only, so at most two shards'
-    record lengths); the cuts are monotone either way.
+    record lengths); the cuts are monotone either way. ``fraction`` < 1 plans only the
+    first that fraction of the pass's order, in tokens (the last cut at the record boundary
+    nearest it): a partial reading of a repeated stream (``readings.py``).
     """
-    layout = _Layout(shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers)
+    layout = _Layout(shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers, fraction)
     wanted = range(layout.n) if workers is None else workers
     return [_ranges_between(layout.order, layout.rec, layout.rec_start,
                             layout.cut(k, record_tokens), layout.cut(k + 1, record_tokens)) for k in wanted]
 
 
 def cut_shards(shard_records, shard_tokens, *, seed: int, stream_key: str, pass_idx: int,
-               num_global_workers: int, workers: Sequence[int] | None = None) -> set[int]:
+               num_global_workers: int, workers: Sequence[int] | None = None, fraction: float = 1.0) -> set[int]:
     """The shards that the cuts of ``workers`` (default: all) fall inside: the ones whose
     record lengths ``plan_stream(record_tokens=...)`` asks for."""
-    layout = _Layout(shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers)
-    ks = range(1, layout.n) if workers is None else {k for g in workers for k in (g, g + 1)}
+    layout = _Layout(shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers, fraction)
+    last = layout.n if fraction < 1 else layout.n - 1  # a partial pass also cuts at its end
+    ks = range(1, last + 1) if workers is None else {k for g in workers for k in (g, g + 1)}
     return {s for s in (layout.cut_shard(k) for k in ks) if s is not None}
 
 
 class _Layout:
     """A stream's shards in the pass's order, laid end to end in record and token space."""
 
-    def __init__(self, shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers) -> None:
+    def __init__(self, shard_records, shard_tokens, seed, stream_key, pass_idx, num_global_workers,
+                 fraction: float = 1.0) -> None:
         records = np.asarray(shard_records, dtype=np.int64)
         tokens = np.asarray(shard_tokens, dtype=np.float64)
         self.n = int(num_global_workers)
@@ -95,7 +100,8 @@ class _Layout:
         self.tok = tokens[self.order]
         self.rec_start = np.concatenate([[0], np.cumsum(self.rec)])  # each shard's place in record space
         self.tok_start = np.concatenate([[0.0], np.cumsum(self.tok)])
-        self.total = self.tok_start[-1]
+        self.whole = fraction >= 1  # the pass's last cut is the end of its records
+        self.total = self.tok_start[-1] * (1.0 if self.whole else max(0.0, float(fraction)))
 
     def _locate(self, k: int) -> tuple[int, float]:
         """(position of the shard the k-th cut falls in, the cut's token target)."""
@@ -106,7 +112,7 @@ class _Layout:
 
     def cut_shard(self, k: int) -> int | None:
         """The shard (its id) the k-th cut falls strictly inside, if any."""
-        if k <= 0 or k >= self.n or not len(self.rec):
+        if k <= 0 or k > self.n or (k == self.n and self.whole) or not len(self.rec):
             return None
         j, target = self._locate(k)
         inside = self.tok[j] > 0 and self.tok_start[j] < target < self.tok_start[j + 1] and self.rec[j] > 1
@@ -116,8 +122,8 @@ class _Layout:
         """The k-th cut in record space (0 and the stream's record count at the ends)."""
         if k <= 0 or not len(self.rec):
             return 0
-        if k >= self.n:
-            return int(self.rec_start[-1])
+        if k >= self.n and (self.whole or k > self.n):
+            return int(self.rec_start[-1]) if self.whole else self.cut(self.n, record_tokens)
         j, target = self._locate(k)
         if self.tok[j] <= 0:
             within = int(self.rec[j]) if target > self.tok_start[j] else 0

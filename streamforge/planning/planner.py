@@ -21,15 +21,21 @@ import numpy as np
 from ..errors import ShardCorruptError
 from ..format.manifest import Manifest
 from .plan import PassPlan, Range, build_pass_plan, cut_shards, plan_stream, records_at, trim_ranges
+from .readings import count as reading_count, plan_readings, reading_cut_shards
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
 
 
 class Planner:
-    def __init__(self, names: Sequence[str], manifests: Sequence[Manifest], *, seed: int, sources=None) -> None:
+    """``manifests``: the streams' reading manifests (``readings.reading_manifest``) and
+    ``repeats`` the readings of each per pass (default: 1 each)."""
+
+    def __init__(self, names: Sequence[str], manifests: Sequence[Manifest], *, seed: int, sources=None,
+                 repeats: Sequence[float] | None = None) -> None:
         self.names = list(names)
         self.manifests = list(manifests)
+        self.repeats = [1.0] * len(self.names) if repeats is None else [float(r) for r in repeats]
         self.seed = int(seed)
         self._sources = sources  # callable: stream index -> ShardSource, for index reads
         self._reset()
@@ -84,11 +90,26 @@ class Planner:
         m = self.manifests[stream]
         args = dict(seed=self.seed, stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=n)
         records, tokens = m.columns["num_records"], m.columns["num_tokens"]
+        if self.repeats[stream] != 1.0:
+            return self._plan_readings(stream, workers, args)
         record_tokens = None
         if self._sources is not None:
             self.prefetch_indexes(stream, cut_shards(records, tokens, workers=workers, **args))
             record_tokens = lambda shard: np.diff(self._prefix_of(stream, shard)[0])  # noqa: E731
         return plan_stream(records, tokens, record_tokens=record_tokens, workers=workers, **args)
+
+    def _plan_readings(self, stream: int, workers: list[int] | None, args: dict) -> list[list[Range]]:
+        """``_plan`` of a repeated stream: its reading manifest's first ``S`` shards are the
+        stream's own (``readings.py``)."""
+        repeat = self.repeats[stream]
+        num_shards = len(self.manifests[stream].shard_names) // reading_count(repeat)
+        c = self.manifests[stream].columns
+        records, tokens = c["num_records"][:num_shards], c["num_tokens"][:num_shards]
+        record_tokens = None
+        if self._sources is not None:
+            self.prefetch_indexes(stream, reading_cut_shards(records, tokens, repeat=repeat, workers=workers, **args))
+            record_tokens = lambda shard: np.diff(self._prefix_of(stream, shard)[0])  # noqa: E731
+        return plan_readings(records, tokens, repeat=repeat, record_tokens=record_tokens, workers=workers, **args)
 
     # -- the plan of a pass ------------------------------------------------------------------
     def pass_plan(

@@ -206,3 +206,41 @@ def step_at_tokens(batch: StepSchedule, seq_len: StepSchedule, tokens: float) ->
             continue
         return step + int(round(left / per))
     return step
+
+
+class JobTokens:
+    """Tokens the whole job's steps hold (every rank): ``until(step)`` over the steps before
+    ``step`` (a fractional step counts its part) and ``step_at(tokens)``, its inverse. Both
+    are piecewise linear in the step, one piece per schedule segment."""
+
+    def __init__(self, batch: StepSchedule, seq_len: StepSchedule, ranks: int = 1) -> None:
+        self.starts = sorted(set(batch.starts) | set(seq_len.starts))
+        self.per = [ranks * batch.at(s) * seq_len.at(s) for s in self.starts]
+        self.cum = [0]
+        for k in range(len(self.starts) - 1):
+            self.cum.append(self.cum[-1] + (self.starts[k + 1] - self.starts[k]) * self.per[k])
+
+    def until(self, step: float) -> float:
+        k = max(0, bisect.bisect_right(self.starts, step) - 1)
+        return self.cum[k] + (step - self.starts[k]) * self.per[k]
+
+    def step_at(self, tokens: float) -> float:
+        k = max(0, bisect.bisect_right(self.cum, tokens) - 1)
+        return self.starts[k] + (tokens - self.cum[k]) / self.per[k]
+
+
+def progression_cost(starts: Sequence[int], costs: Sequence[float], offset: int, stride: int, count: int) -> float:
+    """The summed cost of the steps ``offset, offset + stride, ...`` (``count`` of them)
+    under the segments ``(starts, costs)`` of ``step_costs``."""
+    k = max(0, bisect.bisect_right(starts, offset) - 1)
+    step, total, left = offset, 0.0, count
+    while left > 0:
+        if k + 1 < len(starts):
+            n = min(left, -(-(starts[k + 1] - step) // stride) if starts[k + 1] > step else 0)
+        else:
+            n = left
+        total += n * costs[k]
+        left -= n
+        step += n * stride
+        k += 1
+    return total

@@ -281,9 +281,10 @@ class Checkpointer:
         unknown = sorted(set(tokens_seen) - set(names))
         if unknown:
             raise ConfigError(f"resume_from_counters: no stream named {unknown}; the streams are {names}")
+        planner = self.dataset.planner  # a pass: every reading of each stream (planning/readings.py)
         per_pass = work_tokens(self.dataset, {"streams": [
-            {"ranges": [[k, 0, int(m.columns["num_records"][k])] for k in range(m.num_shards)], "windows": []}
-            for m in self.dataset.manifests]})
+            {"ranges": [list(r) for r in planner.ranges(i, 0, 1)[0]], "windows": []}
+            for i in range(len(self.dataset.streams))]})
         positions, notes = [], []
         for name, total in zip(names, per_pass):
             seen = float(tokens_seen.get(name, 0))

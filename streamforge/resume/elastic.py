@@ -30,10 +30,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..errors import ResumeMismatchError
 from ..pipeline.dataset import WorkerPipeline
 from ..planning.plan import PassPlan, Range, plan_shape, steps_for, worker_rows
 from ..planning.steps import StepSchedule
 from ..planning.planner import worker_work
+from ..planning.readings import count as reading_count
 from .probes import buffer_work_left
 from .state import order_config, saved_workers
 
@@ -101,6 +103,7 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, 
     """Per stream, (ranges, saved windows' rests, tokens, documents) per global worker: the
     ranges cut at exact token quantiles, then each window's rest to the worker with the fewest
     tokens so far (largest first; deterministic)."""
+    check_work(dataset, work)
     out = []
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
@@ -120,6 +123,36 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, 
             heapq.heappush(heap, (load + int(unit["tokens"]), g))
         out.append((parts, windows, tokens, docs))
     return out
+
+
+def check_work(dataset, work: Work) -> None:
+    """Saved work (from a state file: never trusted) points into the streams' records, each
+    range in a reading the stream has (``planning/readings.py``), else ``ResumeMismatchError``."""
+    planner = dataset.planner
+    streams = work.get("streams") if isinstance(work, dict) else None
+    if not isinstance(streams, list) or len(streams) != len(planner.names):
+        raise ResumeMismatchError(f"loader state: remaining work must list {len(planner.names)} streams")
+    for i, stream_work in enumerate(streams):
+        name, repeat = planner.names[i], planner.repeats[i]
+        columns = planner.manifests[i].columns["num_records"]
+        shards = len(columns) // reading_count(repeat)
+        units = [("ranges", stream_work.get("ranges", []))]
+        units += [("a saved window", u.get("ranges", [])) for u in stream_work.get("windows", [])]
+        for what, ranges in units:
+            for r in ranges:
+                try:
+                    shard, a, b = (int(x) for x in r)
+                except (TypeError, ValueError):
+                    raise ResumeMismatchError(f"loader state: stream {name!r}: {what} holds {r!r}, not "
+                                              "(shard, start, stop)") from None
+                if not 0 <= shard < len(columns):
+                    raise ResumeMismatchError(
+                        f"loader state: stream {name!r}: {what} reads reading {shard // max(1, shards)} of shard "
+                        f"{shard % max(1, shards)}, outside its {len(columns) // max(1, shards)} reading(s) of "
+                        f"{shards} shard(s) per pass (repeat={repeat:g})")
+                if not 0 <= a <= b <= int(columns[shard]):
+                    raise ResumeMismatchError(f"loader state: stream {name!r}: {what} reads records {a}..{b} of "
+                                              f"shard {shard}, which has {int(columns[shard])}")
 
 
 def _split(planner, stream: int, ranges: list[Range], n: int, eos: bool):

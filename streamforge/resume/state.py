@@ -305,6 +305,9 @@ def _stream_differences(saved: list[dict], current: list[dict]) -> list[str]:
             out.append(f"stream {s['name']!r}: corpus changed (manifest {s['manifest']} -> {now['manifest']})")
         if s["weight"] != now["weight"]:
             out.append(f"stream {s['name']!r}: weight {s['weight']} -> {now['weight']}")
+        for key, default in (("repeat", 1.0), ("upsample", False)):  # readings per pass (planning/readings.py)
+            if s.get(key, default) != now.get(key, default):
+                out.append(f"stream {s['name']!r}: {key} {s.get(key, default)} -> {now.get(key, default)}")
     saved_names = {s["name"] for s in saved}
     for s in current:
         if s["name"] not in saved_names:
