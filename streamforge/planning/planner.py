@@ -20,7 +20,8 @@ import numpy as np
 
 from ..errors import ShardCorruptError
 from ..format.manifest import Manifest
-from .plan import PassPlan, Range, build_pass_plan, cut_shards, plan_stream, records_at, trim_ranges
+from .layout import Layout
+from .plan import PassPlan, Range, build_pass_plan, records_at, trim_ranges
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -82,13 +83,13 @@ class Planner:
 
     def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
         m = self.manifests[stream]
-        args = dict(seed=self.seed, stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=n)
-        records, tokens = m.columns["num_records"], m.columns["num_tokens"]
-        record_tokens = None
+        layout = Layout(m.columns["num_records"], m.columns["num_tokens"], self.seed, self.names[stream], pass_idx, n)
+        record_ends = None
         if self._sources is not None:
-            self.prefetch_indexes(stream, cut_shards(records, tokens, workers=workers, **args))
-            record_tokens = lambda shard: np.diff(self._prefix_of(stream, shard)[0])  # noqa: E731
-        return plan_stream(records, tokens, record_tokens=record_tokens, workers=workers, **args)
+            ks = range(1, n) if workers is None else {k for g in workers for k in (g, g + 1)}
+            self.prefetch_indexes(stream, layout.cut_shards(ks))
+            record_ends = lambda shards: [self._prefix_of(stream, k)[0] for k in shards]  # noqa: E731
+        return layout.ranges(workers, record_ends)
 
     # -- the plan of a pass ------------------------------------------------------------------
     def pass_plan(
@@ -185,34 +186,48 @@ class Planner:
 
     def _read_prefixes(self, wanted: list[tuple[int, int]]) -> None:
         """Read the (stream, shard) indexes in ``wanted`` on up to ``_FETCH_THREADS`` threads,
-        each taking a run of them (one task per thread, not per index)."""
+        each taking a run of them (one task per thread, not per index); the threads only read
+        (the I/O), and the running sums of every index read are taken here, at once."""
         if not wanted:
             return
         threads = min(_FETCH_THREADS, len(wanted))
+        if threads == 1:
+            self._prefix.update(zip(wanted, _prefixes([self._read_lengths(*k) for k in wanted])))
+            return
         runs = [wanted[t::threads] for t in range(threads)]
         with ThreadPoolExecutor(threads) as pool:
-            for run, prefixes in zip(runs, pool.map(lambda run: [self._read_prefix(*k) for k in run], runs)):
-                self._prefix.update(zip(run, prefixes))
+            got = list(pool.map(lambda run: [self._read_lengths(*k) for k in run], runs))
+        self._prefix.update(zip([k for run in runs for k in run], _prefixes([x for part in got for x in part])))
 
     def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
         key = (stream, shard)
         if key not in self._prefix:
-            self._prefix[key] = self._read_prefix(stream, shard)
+            self._prefix[key] = _prefixes([self._read_lengths(stream, shard)])[0]
         return self._prefix[key]
 
-    def _read_prefix(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read_lengths(self, stream: int, shard: int) -> np.ndarray:
+        """The token count of each of a shard's records, from its record index (zeros for a
+        damaged index under ``on_error="skip"``)."""
         if self._sources is None:
             raise RuntimeError("this planner has no shard sources to read record indexes from")
         source = self._sources(stream)
         try:
-            lengths = source.index(shard).records["num_tokens"].astype(np.int64)
+            return source.index(shard).records["num_tokens"]
         except ShardCorruptError:
             if source.config.on_error != "skip":
                 raise
-            lengths = np.zeros(int(self.manifests[stream].columns["num_records"][shard]), np.int64)
-        tokens = np.concatenate([[0], np.cumsum(lengths)])
-        docs = np.concatenate([[0], np.cumsum(lengths > 0)])
-        return tokens, docs
+            return np.zeros(int(self.manifests[stream].columns["num_records"][shard]), np.int64)
+
+
+def _prefixes(lengths: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(tokens, non-empty documents) running sums of each shard's record lengths: one value
+    before its first record and one after each. They are views of one running sum over all of
+    the shards, so they need not start at 0: only their differences are meant."""
+    flat = np.concatenate([np.asarray(x).ravel() for x in lengths]).astype(np.int64) if lengths else np.zeros(0, np.int64)
+    tokens = np.concatenate([[0], np.cumsum(flat)])
+    docs = np.concatenate([[0], np.cumsum(flat > 0)])
+    bounds = np.cumsum([0] + [len(x) for x in lengths]).tolist()
+    return [(tokens[a:b + 1], docs[a:b + 1]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def format_plan(
