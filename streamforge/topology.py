@@ -259,6 +259,14 @@ class Topology:
         parts[self.rank] = part
         return parts
 
+    @property
+    def can_gather(self) -> bool:
+        """Does ``gather`` reach every data-parallel rank here (a process group holds this
+        topology)? False in a DataLoader worker or a job without a group."""
+        if self.world_size <= 1:
+            return False
+        return self.groups is not None or (self.replicas == 1 and _group_size() == self.world_size)
+
     def agree_min(self, value: int, device: torch.device | str = "cpu") -> int:
         """The minimum of ``value`` over the job's processes (one all-reduce); ``value`` without a group."""
         return _all_reduce_int(value, "MIN", device)

@@ -196,15 +196,17 @@ class StreamingLoader:
         of every stream gives."""
         return self.plan().steps
 
-    def plan(self) -> PassPlan:
-        """The plan of the current pass (after a statistical resume: of what is left of it)."""
+    def plan(self, share: bool = False) -> PassPlan:
+        """The plan of the current pass (after a statistical resume: of what is left of it).
+        ``share=True`` (iteration does, as a pass starts): every rank asks at this point, so
+        the ranks compute it together, each reading only its own cuts' record indexes."""
         clock = self.clock
         if clock.plan is None or clock.plan.pass_idx != clock.pass_idx:
             self.check_topology()
             with collector.paused():  # record ranges: a few objects per shard
                 clock.plan = self.dataset.pass_plan(
                     clock.pass_idx, workers_per_rank=self.num_logical, batch_size=self.batch_size,
-                    first_step=clock.first_step if not self.infinite else 0,
+                    first_step=clock.first_step if not self.infinite else 0, share=share,
                 )
         return clock.plan
 
@@ -323,7 +325,7 @@ class StreamingLoader:
             self._head = None
         elif self.pass_over():
             self._end_pass()
-        if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
+        if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan(share=True).steps == 0:
             self._warn_empty_pass()
         topology = self.dataset.topology
         if self.shares_reads and topology.replica > 0:

@@ -22,6 +22,7 @@ from ..errors import ShardCorruptError
 from ..format.manifest import Manifest
 from .layout import Layout
 from .plan import PassPlan, Range, build_pass_plan, records_at, trim_ranges
+from .shared import shared_counts
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -66,6 +67,13 @@ class Planner:
             self._ranges[key] = cached
         return cached
 
+    def keep_ranges(self, stream: int, pass_idx: int, n: int, ranges: list[list[Range]]) -> None:
+        """Keep every global worker's ``ranges`` of a stream and pass, computed elsewhere
+        (``shared.shared_counts``), as ``ranges`` would have."""
+        if len(self._ranges) >= _RANGE_CACHE * len(self.names):
+            self._ranges.pop(next(iter(self._ranges)))
+        self._ranges[(stream, pass_idx, n)] = ranges
+
     def worker_ranges(self, stream: int, pass_idx: int, num_global_workers: int, global_worker: int) -> list[Range]:
         """One global worker's ranges: from the whole plan when it is at hand, else from that
         worker's two cuts alone (at most two record indexes read: what a worker process does)."""
@@ -82,14 +90,21 @@ class Planner:
         return cached
 
     def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
+        layout = self.layout(stream, pass_idx, n)
+        if self._sources is None:
+            return layout.ranges(workers)
+        ks = range(1, n) if workers is None else {k for g in workers for k in (g, g + 1)}
+        self.prefetch_indexes(stream, layout.cut_shards(ks))
+        return layout.ranges(workers, self.record_ends(stream))
+
+    def layout(self, stream: int, pass_idx: int, n: int) -> Layout:
+        """Stream ``stream``'s shards in ``pass_idx``'s order, to be cut for ``n`` global workers."""
         m = self.manifests[stream]
-        layout = Layout(m.columns["num_records"], m.columns["num_tokens"], self.seed, self.names[stream], pass_idx, n)
-        record_ends = None
-        if self._sources is not None:
-            ks = range(1, n) if workers is None else {k for g in workers for k in (g, g + 1)}
-            self.prefetch_indexes(stream, layout.cut_shards(ks))
-            record_ends = lambda shards: [self._prefix_of(stream, k)[0] for k in shards]  # noqa: E731
-        return layout.ranges(workers, record_ends)
+        return Layout(m.columns["num_records"], m.columns["num_tokens"], self.seed, self.names[stream], pass_idx, n)
+
+    def record_ends(self, stream: int):
+        """The ``RecordEnds`` of a stream's shards (their indexes read where not yet read)."""
+        return lambda shards: [self._prefix_of(stream, k)[0] for k in shards]
 
     # -- the plan of a pass ------------------------------------------------------------------
     def pass_plan(
@@ -104,18 +119,30 @@ class Planner:
         eos_appended: Sequence[bool],
         first_step: int = 0,
         fractions: Sequence[float] | None = None,
+        share: Any = None,
     ) -> PassPlan:
         """With ``fractions`` (one per stream), the plan of what is left of the pass when
-        every worker has read that fraction of each stream's ranges (statistical resume)."""
+        every worker has read that fraction of each stream's ranges (statistical resume).
+
+        With ``share`` (the job's ``Topology``, whose ``gather`` reaches every rank; every
+        rank must then call this at the same point), the ranks compute the plan together:
+        each cuts and counts its own workers' ranges, reading only the record indexes of the
+        shards its own cuts fall in, and one all-gather hands every rank the others' cuts and
+        counts (``shared.shared_counts``). The plan is the same either way; without, every
+        rank reads the index of every shard any cut falls in (up to one a global worker)."""
         n = world_size * workers_per_rank
-        per_stream = [self.ranges(s, pass_idx, n) for s in range(len(self.names))]
-        if fractions is not None:
-            per_stream = [
-                [trim_ranges(r, records_at(r, f)) for r in workers] for workers, f in zip(per_stream, fractions)
-            ]
-        self._prefetch_counts(per_stream)
+        if share is not None and share.world_size == world_size > 1:
+            per_stream, totals = shared_counts(self, share, pass_idx, n, fractions)
+        else:
+            per_stream = [self.ranges(s, pass_idx, n) for s in range(len(self.names))]
+            if fractions is not None:
+                per_stream = [
+                    [trim_ranges(r, records_at(r, f)) for r in workers] for workers, f in zip(per_stream, fractions)
+                ]
+            self._prefetch_counts(per_stream)
+            totals = self.totals
         return build_pass_plan(
-            per_stream, self.totals, streams=self.names, eos_appended=eos_appended,
+            per_stream, totals, streams=self.names, eos_appended=eos_appended,
             pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=seq_len, packing=packing, first_step=first_step,
         )
