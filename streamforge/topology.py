@@ -261,9 +261,10 @@ class Topology:
 
     @property
     def can_gather(self) -> bool:
-        """Does ``gather`` reach every data-parallel rank here (a process group holds this
-        topology)? False in a DataLoader worker or a job without a group."""
-        if self.world_size <= 1:
+        """Does ``gather`` reach every data-parallel rank here, the ranks read from the process
+        group or its launcher (not given by hand, where a rank may disagree with the group and
+        never join)? False in a DataLoader worker or a job without a group."""
+        if self.world_size <= 1 or self.source not in ("torch.distributed", "environment", "mesh", "group"):
             return False
         return self.groups is not None or (self.replicas == 1 and _group_size() == self.world_size)
 
