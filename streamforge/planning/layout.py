@@ -28,7 +28,9 @@ Range = tuple[int, int, int]  # (shard, start_record, stop_record), stop exclusi
 RecordEnds = Callable[[list], list]
 """``ends(shards)``: for each shard, running sums of its records' token counts (integers), one
 before its first record and one after each record: ``ends[i + 1] - ends[0]`` is the tokens of
-its first ``i + 1`` records (the sums need not start at 0)."""
+its first ``i + 1`` records (the sums need not start at 0). It may also have a ``bank(shards)``
+method giving what ``_bank`` would build from them, or None: (a non-decreasing array holding
+each shard's ends, each shard's first position in it, record count and value before it)."""
 
 
 class Layout:
@@ -96,8 +98,11 @@ class Layout:
         from their shards' record ends, all at once: the shards' ends are laid end to end
         (``bank``), each cut's search runs over the whole bank, confined to its shard."""
         pos, inverse = np.unique(j[which], return_inverse=True)
-        ends = [np.asarray(e, np.int64) for e in record_ends(self.order[pos].tolist())]
-        bank, first, count, base = _bank(ends)
+        shards = self.order[pos].tolist()
+        laid = getattr(record_ends, "bank", None)  # the ends already laid end to end, if so
+        got = laid(shards) if laid is not None else None
+        bank, first, count, base = got if got is not None else _bank(
+            [np.asarray(e, np.int64) for e in record_ends(shards)])
         local = targets[which] - self.tok_start[j[which]]
         # the records of the shard ending before the target: ends are integers, so end < local
         # exactly when end <= ceil(local) - 1, a search over the bank's running sums

@@ -41,6 +41,8 @@ class Planner:
         self._worker_ranges: dict[tuple[int, int, int, int], list[Range]] = {}
         self._prefix: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._column_lists: dict[int, tuple] = {}
+        self._laid: dict[tuple[int, int], tuple[int, int]] = {}  # (stream, shard): (block, offset)
+        self._blocks: dict[int, np.ndarray] = {}  # running sums over the indexes read together
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -48,6 +50,8 @@ class Planner:
         state.pop("_worker_ranges", None)
         state.pop("_prefix", None)
         state.pop("_column_lists", None)
+        state.pop("_laid", None)
+        state.pop("_blocks", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -102,9 +106,9 @@ class Planner:
         m = self.manifests[stream]
         return Layout(m.columns["num_records"], m.columns["num_tokens"], self.seed, self.names[stream], pass_idx, n)
 
-    def record_ends(self, stream: int):
+    def record_ends(self, stream: int) -> "_Ends":
         """The ``RecordEnds`` of a stream's shards (their indexes read where not yet read)."""
-        return lambda shards: [self._prefix_of(stream, k)[0] for k in shards]
+        return _Ends(self, stream)
 
     # -- the plan of a pass ------------------------------------------------------------------
     def pass_plan(
@@ -224,7 +228,14 @@ class Planner:
         runs = [wanted[t::threads] for t in range(threads)]
         with ThreadPoolExecutor(threads) as pool:
             got = list(pool.map(lambda run: [self._read_lengths(*k) for k in run], runs))
-        self._prefix.update(zip([k for run in runs for k in run], _prefixes([x for part in got for x in part])))
+        by_key = dict(zip([k for run in runs for k in run], [x for part in got for x in part]))
+        lengths = [by_key[k] for k in wanted]
+        self._prefix.update(zip(wanted, _prefixes(lengths)))
+        block = self._prefix[wanted[0]][0].base  # the running sum the prefixes are views of
+        if block is not None:
+            self._blocks[id(block)] = block
+            offsets = np.cumsum([0] + [len(x) for x in lengths[:-1]]).tolist()
+            self._laid.update((k, (id(block), o)) for k, o in zip(wanted, offsets))
 
     def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
         key = (stream, shard)
@@ -244,6 +255,26 @@ class Planner:
             if source.config.on_error != "skip":
                 raise
             return np.zeros(int(self.manifests[stream].columns["num_records"][shard]), np.int64)
+
+
+class _Ends:
+    """A stream's ``RecordEnds`` (``layout.py``) from the planner's record indexes; ``bank``
+    answers without copying when the shards' indexes were read together, in one running sum."""
+
+    def __init__(self, planner: Planner, stream: int) -> None:
+        self.planner, self.stream = planner, stream
+
+    def __call__(self, shards) -> list[np.ndarray]:
+        return [self.planner._prefix_of(self.stream, k)[0] for k in shards]
+
+    def bank(self, shards):
+        laid = [self.planner._laid.get((self.stream, k)) for k in shards]
+        if not laid or any(x is None or x[0] != laid[0][0] for x in laid):
+            return None
+        block = self.planner._blocks[laid[0][0]]
+        offset = np.array([o for _, o in laid], np.int64)
+        count = np.array([len(self.planner._prefix[(self.stream, k)][0]) - 1 for k in shards], np.int64)
+        return block, offset + 1, count, block[offset]
 
 
 def _prefixes(lengths: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
