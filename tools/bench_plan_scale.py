@@ -368,7 +368,7 @@ def run(args) -> dict:
         "window_reads_s": time_window_reads(corpus, windows),
         "state_bytes": state_size(template, *new, work=work),
     }
-    top_world, top_workers = topologies[-1]
+    top_world, top_workers = parse_topology(args.requests_topology)
     planner_top = corpus.planner()
     plan_top = planner_top.pass_plan(0, **plan_kwargs(top_world, top_workers, len(corpus.streams)))
     tokens = [float(m.columns["num_tokens"].sum()) for m in corpus.manifests]
@@ -378,7 +378,7 @@ def run(args) -> dict:
     return {"rows": rows, "elastic": el, "built_s": built, "shards": shards, "records": records,
             "requests": pass_requests(plan_top, planner_top), "token_shares": [t / sum(tokens) for t in tokens],
             "pass_tokens": args.pass_tokens, "rank_tokens_s": args.rank_tokens_s, "sweep": sweep,
-            "sweep_topology": args.sweep_topology,
+            "sweep_topology": args.sweep_topology, "requests_topology": args.requests_topology,
             "total_records": [int(m.num_records) for m in corpus.manifests],
             "total_tokens": [int(m.columns["num_tokens"].sum()) for m in corpus.manifests]}
 
@@ -470,6 +470,7 @@ def parse_args(argv):
     parser.add_argument("--shard-sweep", default="0.5,1,2,4", help="shard multipliers (records per shard divided "
                         "by them) timed at --sweep-topology; empty: none")
     parser.add_argument("--sweep-topology", default="1024x8")
+    parser.add_argument("--requests-topology", default="1024x8", help="R x W whose requests are estimated")
     parser.add_argument("--pass-tokens", type=float, default=10e12, help="tokens of the long pass the request "
                         "rates are estimated for")
     parser.add_argument("--rank-tokens-s", type=float, default=1e6, help="tokens a rank consumes per second")

@@ -166,13 +166,13 @@ def startup_lines(rows) -> list[str]:
 
 
 def requests_lines(res: dict, names) -> list[str]:
-    req, top = res["requests"], res["rows"][-1]
-    world, workers = (int(x) for x in top["topology"].split("x"))
+    req, topology = res["requests"], res["requests_topology"]
+    world, workers = (int(x) for x in topology.split("x"))
     shares = res["token_shares"]
     worker_gb = res["pass_tokens"] * BYTES_PER_TOKEN / 1e9 / (world * workers)
     out = [f"Requests of a pass at the default settings (64 MiB read-ahead a worker, shared by the streams by "
            f"weight, 8 MiB largest request, a unit at most a quarter of a stream's read-ahead; {BYTES_PER_TOKEN} "
-           f"compressed bytes a token): over this corpus at {top['topology']}, {req['gets']:,} GETs for "
+           f"compressed bytes a token): over this corpus at {topology}, {req['gets']:,} GETs for "
            f"{req['gb']:.1f} GB, **{req['per_gb']:,.0f} GETs per GB**, because each worker reads only "
            f"{req['worker_mb']:.1f} MB of it a pass (its index GETs and its read-ahead's first, small units "
            "are most of its requests). A long pass, each of the "
