@@ -259,6 +259,15 @@ class Topology:
         parts[self.rank] = part
         return parts
 
+    @property
+    def can_gather(self) -> bool:
+        """Does ``gather`` reach every data-parallel rank here, the ranks read from the process
+        group or its launcher (not given by hand, where a rank may disagree with the group and
+        never join)? False in a DataLoader worker or a job without a group."""
+        if self.world_size <= 1 or self.source not in ("torch.distributed", "environment", "mesh", "group"):
+            return False
+        return self.groups is not None or (self.replicas == 1 and _group_size() == self.world_size)
+
     def agree_min(self, value: int, device: torch.device | str = "cpu") -> int:
         """The minimum of ``value`` over the job's processes (one all-reduce); ``value`` without a group."""
         return _all_reduce_int(value, "MIN", device)

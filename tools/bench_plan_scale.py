@@ -1,7 +1,9 @@
 """The shard plan, the global state and the elastic re-plan at paper scale, without training.
 
-    python tools/bench_plan_scale.py [--topologies 1x1,8x8,64x8,256x8,512x8,1024x8]
+    python tools/bench_plan_scale.py [--topologies 1x1,8x8,64x8,256x8,512x8,1024x8,4096x8]
                                      [--shards 6000,3000,1000] [--records 2000,1500,100]
+                                     [--shard-sweep 0.5,1,2,4] [--sweep-topology 1024x8]
+                                     [--pass-tokens 10e12] [--rank-tokens-s 1e6]
                                      [--elastic 1024x8:768x8] [--window 512] [--repeats 3]
                                      [--agree-ranks 4] [--out docs/benchmarks.md] [--no-write]
 
@@ -29,10 +31,15 @@ What is simulated (nothing is read from storage, no shard file exists):
   over the new topology with a fresh planner (its index reads included).
 
 Reported per topology: plan time (``Planner.pass_plan`` of pass 0 for the three streams with
-exact counts, fresh planner, median of ``--repeats``), token imbalance max/mean over global
-workers per stream and overall (tokens with EOS), whether the 1.01 target holds where a stream
-has at least 4x more records than workers, steps per pass recomputed in separate processes for
-a sample of ranks, and the packed global state size. Figures go to the ``plan-scale`` section of
+exact counts, fresh planner, median of ``--repeats``; wall and CPU seconds), token imbalance
+max/mean over global workers per stream and overall (tokens with EOS), the share of each
+stream's tokens the pass drops (``PassPlan.dropped_tokens()``'s arithmetic, worker by worker),
+whether the 1.01 target holds where a stream has at least 4x more records than workers, steps
+per pass recomputed in separate processes for a sample of ranks, and the packed global state
+size. Then: plan time against shards (``--shard-sweep``: the same records over more shards, at
+``--sweep-topology``); the record-index GETs a rank makes to plan, alone and shared, and the
+job's requests before its first batch; requests per GB of a pass and GET/s per stream prefix
+at ``--rank-tokens-s`` per read-ahead setting (``scale_requests.py``). Figures go to the ``plan-scale`` section of
 docs/benchmarks.md, with a chart in docs/img/plan_scale.png.
 """
 
@@ -63,6 +70,8 @@ from streamforge.format.manifest import Manifest, shard_name  # noqa: E402
 from streamforge.planning.plan import trim_ranges  # noqa: E402
 from streamforge.planning.planner import Planner  # noqa: E402
 from streamforge.resume.state import pack_state  # noqa: E402
+from scale_requests import (dropped_shares, notes, pass_requests, plot, requests_lines,  # noqa: E402
+                            shard_sweep, startup_lines, startup_reads, sweep_lines)
 
 NAMES = ("web", "code", "books")
 MEDIANS = (600, 1200, 50_000)
@@ -136,25 +145,28 @@ def plan_kwargs(world: int, workers: int, n_streams: int) -> dict:
 
 # -- plan time, imbalance ----------------------------------------------------------------------
 def time_plan(corpus: Corpus, world: int, workers: int, repeats: int):
-    """(seconds per repeat, index reads of one plan, the last plan and its planner)."""
-    seconds, plan, planner = [], None, None
+    """(seconds per repeat, CPU seconds per repeat, index reads of one plan, the last plan and
+    its planner)."""
+    seconds, cpu, plan, planner = [], [], None, None
     for _ in range(repeats):
         corpus.reset_reads()
         planner = corpus.planner()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         plan = planner.pass_plan(0, **plan_kwargs(world, workers, len(corpus.streams)))
         seconds.append(time.perf_counter() - start)
-    return seconds, corpus.reads(), plan, planner
+        cpu.append(time.process_time() - start_cpu)
+    return seconds, cpu, corpus.reads(), plan, planner
 
 
-def imbalance(plan, planner) -> tuple[list[float], float]:
-    """max/mean tokens over global workers: per stream (raw tokens), and overall (with EOS)."""
-    per_stream = []
+def imbalance(plan, planner) -> tuple[list[float], float, list[float]]:
+    """max/mean tokens over global workers: per stream (raw tokens), and overall (with EOS);
+    and the share of each stream's tokens the pass drops (``dropped_shares``)."""
+    per_stream, tokens = [], []
     for s, per_worker in enumerate(plan.ranges):
-        tokens = np.array([sum(planner.counts(s, *r)[0] for r in ranges) for ranges in per_worker], np.float64)
-        per_stream.append(float(tokens.max() / tokens.mean()))
+        tokens.append(np.array([planner.totals(s, ranges)[0] for ranges in per_worker], np.float64))
+        per_stream.append(float(tokens[-1].max() / tokens[-1].mean()))
     overall = np.array(plan.tokens, np.float64)
-    return per_stream, float(overall.max() / overall.mean())
+    return per_stream, float(overall.max() / overall.mean()), dropped_shares(plan, tokens)
 
 
 # -- steps per pass, computed apart -------------------------------------------------------------
@@ -331,13 +343,14 @@ def run(args) -> dict:
     template = genuine_state()
     rows = []
     for world, workers in tqdm(topologies, desc="topologies"):
-        seconds, reads, plan, planner = time_plan(corpus, world, workers, args.repeats)
-        per_stream, overall = imbalance(plan, planner)
+        seconds, cpu, reads, plan, planner = time_plan(corpus, world, workers, args.repeats)
+        per_stream, overall, dropped = imbalance(plan, planner)
         n = world * workers
         applies = [int(m.num_records) >= RECORDS_PER_WORKER * n for m in corpus.manifests]
         agree = agreement(corpus, world, workers, args.agree_ranks)
         rows.append({
-            "topology": f"{world}x{workers}", "workers": n, "plan_s": median(seconds), "reads": reads,
+            "topology": f"{world}x{workers}", "workers": n, "plan_s": median(seconds), "plan_cpu": median(cpu),
+            "reads": reads, "dropped": dropped, "startup": startup_reads(corpus.manifests, NAMES, world, workers),
             "imbalance": per_stream, "overall": overall, "applies": applies,
             "target_ok": all(v < TARGET_IMBALANCE for v, a in zip(per_stream, applies) if a),
             "steps": plan.steps, "agree": agree, "state_bytes": state_size(template, world, workers),
@@ -355,22 +368,34 @@ def run(args) -> dict:
         "window_reads_s": time_window_reads(corpus, windows),
         "state_bytes": state_size(template, *new, work=work),
     }
+    top_world, top_workers = parse_topology(args.requests_topology)
+    planner_top = corpus.planner()
+    plan_top = planner_top.pass_plan(0, **plan_kwargs(top_world, top_workers, len(corpus.streams)))
+    tokens = [float(m.columns["num_tokens"].sum()) for m in corpus.manifests]
+    multipliers = [float(x) for x in args.shard_sweep.split(",") if x]
+    sweep = shard_sweep(Corpus, time_plan, shards, records, multipliers, *parse_topology(args.sweep_topology),
+                        args.repeats) if multipliers else []
     return {"rows": rows, "elastic": el, "built_s": built, "shards": shards, "records": records,
+            "requests": pass_requests(plan_top, planner_top), "token_shares": [t / sum(tokens) for t in tokens],
+            "pass_tokens": args.pass_tokens, "rank_tokens_s": args.rank_tokens_s, "sweep": sweep,
+            "sweep_topology": args.sweep_topology, "requests_topology": args.requests_topology,
             "total_records": [int(m.num_records) for m in corpus.manifests],
             "total_tokens": [int(m.columns["num_tokens"].sum()) for m in corpus.manifests]}
 
 
 def table(res: dict) -> list[str]:
     names = NAMES[: len(res["shards"])]
-    head = ("| R x W | global workers | plan time (s) | index reads | "
-            + " | ".join(f"{n} max/mean" for n in names)
+    head = ("| R x W | global workers | plan time, s (CPU s) | index reads | "
+            + " | ".join(f"{n} max/mean (dropped)" for n in names)
             + " | overall max/mean | target met | steps/pass | ranks agree | global state (bytes) | per worker |")
     lines = [head, "|" + "---|" * (10 + len(names) - 1)]
     for r in res["rows"]:
-        cells = [f"{v:.4f}" + ("" if a else " (n/a)") for v, a in zip(r["imbalance"], r["applies"])]
+        cells = [f"{v:.4f}" + ("" if a else " (n/a)") + f" ({d:.1%})"
+                 for v, a, d in zip(r["imbalance"], r["applies"], r["dropped"])]
         agree = r["agree"]
         lines.append(
-            f"| {r['topology']} | {r['workers']:,} | {r['plan_s']:.3f} | {r['reads']:,} | " + " | ".join(cells)
+            f"| {r['topology']} | {r['workers']:,} | {r['plan_s']:.3f} ({r['plan_cpu']:.3f}) | {r['reads']:,} | "
+            + " | ".join(cells)
             + f" | {r['overall']:.4f} | {'yes' if r['target_ok'] else 'no'} | {r['steps']:,} | "
             f"{'yes' if agree['agree'] else 'NO'} ({len(agree['ranks'])} ranks) | {r['state_bytes']:,} | "
             f"{r['state_bytes'] / r['workers']:,.0f} |"
@@ -390,30 +415,6 @@ def elastic_lines(el: dict) -> list[str]:
         f"| window records read from indexes for `work_left` (in memory) | {el['window_reads_s']:.3f} s |",
         f"| global state after the elastic resume (`remaining` holds the work) | {el['state_bytes']:,} bytes |",
     ]
-
-
-def plot(res: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = res["rows"]
-    x = [r["workers"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(x, [r["plan_s"] for r in rows], "o-")
-    a.set(xscale="log", yscale="log", xlabel="global workers (R x W)", ylabel="plan time (s)",
-          title="Planner.pass_plan, 3 streams, exact counts")
-    for s, name in enumerate(NAMES[: len(res["shards"])]):
-        b.plot(x, [r["imbalance"][s] for r in rows], "o-", label=name)
-    b.plot(x, [r["overall"] for r in rows], "k--", label="overall (with EOS)")
-    b.axhline(TARGET_IMBALANCE, color="grey", lw=0.8, ls=":", label=f"target {TARGET_IMBALANCE}")
-    b.set(xscale="log", yscale="log", xlabel="global workers (R x W)", ylabel="max / mean tokens",
-          title="token imbalance between global workers")
-    b.legend(fontsize=8)
-    from _benchdoc import save_figure
-
-    save_figure(fig, path)
 
 
 def machine() -> str:
@@ -442,42 +443,37 @@ def section(res: dict, command: str) -> str:
         "",
         *table(res),
         "",
+        *sweep_lines(res),
+        "Start-up, from the planner: the record-index GETs a rank makes to plan pass 0 computing the plan "
+        "alone (every shard a cut falls in; every rank did) and shared (`planning/shared.py`: each rank its own "
+        "cuts' shards, then one all-gather of cuts and counts), and the job's requests before its first batch "
+        "(the manifests, read once by rank 0 and broadcast; the plan's index GETs; each worker's first shard "
+        "index and first fetch unit a stream). Measured on real ranks up to 8: the `startup` section.",
+        "",
+        *startup_lines(res["rows"]),
+        "",
+        *requests_lines(res, names),
         f"Elastic re-plan: the work left by a {el['old']} job saved halfway through pass 0 "
         f"(shuffle windows of {el['window']} records), re-planned over {el['new']}:",
         "",
         *elastic_lines(el),
         "",
-        *notes(res),
+        *notes(res, NAMES, TARGET_IMBALANCE),
         "",
         "![plan time and imbalance](img/plan_scale.png)",
     ])
 
 
-def notes(res: dict) -> list[str]:
-    """What the figures say, with the reasons for missed targets."""
-    out = []
-    missed = [(r["topology"], NAMES[s], v) for r in res["rows"]
-              for s, (v, a) in enumerate(zip(r["imbalance"], r["applies"])) if a and v >= TARGET_IMBALANCE]
-    if missed:
-        out += ["", f"Imbalance: the target is missed in {len(missed)} (topology, stream) case(s): "
-                + ", ".join(f"{t} {n} ({v:.4f})" for t, n, v in missed) + ". The cuts are exact (each at the "
-                "record boundary nearest its token quantile, from the record lengths of the shard it falls "
-                "in), so what is left is record granularity: a worker is off its share by up to half a "
-                "record at each of its two cuts, and one long document of a heavy-tailed stream is more than 1% "
-                "of a worker's share once workers are many (code: lognormal sigma 1.2 over 4.5M records, "
-                "so documents of several hundred thousand tokens; books: about 200 records per worker at "
-                "512 workers). Cutting inside documents would remove it; the plan cuts at records."]
-    el = res["elastic"]
-    out += ["", f"Elastic: the saved work lists each saved worker's window rest as one entry (its record "
-            f"ranges, shuffle key, position and the tokens it holds), {el['windows']:,} entries for "
-            f"{el['window_docs']:,} documents here, so the re-plan's cost and the state's size grow with "
-            "the number of workers and ranges, not with the documents waiting in windows."]
-    return out
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", default="1x1,8x8,64x8,256x8,512x8,1024x8", help="R x W list")
+    parser.add_argument("--topologies", default="1x1,8x8,64x8,256x8,512x8,1024x8,4096x8", help="R x W list")
+    parser.add_argument("--shard-sweep", default="0.5,1,2,4", help="shard multipliers (records per shard divided "
+                        "by them) timed at --sweep-topology; empty: none")
+    parser.add_argument("--sweep-topology", default="1024x8")
+    parser.add_argument("--requests-topology", default="1024x8", help="R x W whose requests are estimated")
+    parser.add_argument("--pass-tokens", type=float, default=10e12, help="tokens of the long pass the request "
+                        "rates are estimated for")
+    parser.add_argument("--rank-tokens-s", type=float, default=1e6, help="tokens a rank consumes per second")
     parser.add_argument("--shards", default="6000,3000,1000", help="shards per stream (web, code, books)")
     parser.add_argument("--records", default="2000,1500,100", help="mean records per shard, per stream")
     parser.add_argument("--elastic", default="1024x8:768x8", help="old:new topology of the re-plan")
@@ -499,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         from _benchdoc import publish
 
-        publish("plan-scale", text, args.out, lambda path: plot(res, path), "plan_scale.png")
+        publish("plan-scale", text, args.out, lambda path: plot(res, path, NAMES, TARGET_IMBALANCE), "plan_scale.png")
     return 0
 
 

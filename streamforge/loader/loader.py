@@ -223,8 +223,10 @@ class StreamingLoader:
         of every stream gives."""
         return self.plan().steps
 
-    def plan(self) -> PassPlan:
-        """The plan of the current pass (after a statistical resume: of what is left of it)."""
+    def plan(self, share: bool = False) -> PassPlan:
+        """The plan of the current pass (after a statistical resume: of what is left of it).
+        ``share=True`` (iteration does, as a pass starts): every rank asks at this point, so
+        the ranks compute it together, each reading only its own cuts' record indexes."""
         clock = self.clock
         if clock.plan is None or clock.plan.pass_idx != clock.pass_idx:
             self.check_topology()
@@ -232,7 +234,7 @@ class StreamingLoader:
                 batch_size = self.batch_sizes if not self.evaluation else self.batch_sizes.constant
                 clock.plan = self.dataset.pass_plan(
                     clock.pass_idx, workers_per_rank=self.num_logical, batch_size=batch_size,
-                    first_step=clock.first_step if not self.infinite else 0,
+                    first_step=clock.first_step if not self.infinite else 0, share=share,
                 )
         return clock.plan
 
@@ -339,7 +341,7 @@ class StreamingLoader:
             self._head = None
         elif self.pass_over():
             self._end_pass()
-        if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan().steps == 0:
+        if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan(share=True).steps == 0:
             warn_empty_pass(self)
         mixture.warn_before_pass(self)
         topology = self.dataset.topology

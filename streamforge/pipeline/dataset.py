@@ -230,11 +230,13 @@ class PackedTokenDataset(IterableDataset):
 
     def pass_plan(
         self, pass_idx: int, *, workers_per_rank: int, batch_size: int, first_step: int = 0,
-        fractions: Sequence[float] | None = None,
+        fractions: Sequence[float] | None = None, share: bool = False,
     ) -> PassPlan | EvalPlan:
         """The plan of ``pass_idx`` for this job's topology (see ``plan.PassPlan``); with
         ``fractions``, of what is left of it (``Planner.pass_plan``). An evaluation dataset
-        has one pass, the same every time (``evaluation.EvalPlan``)."""
+        has one pass, the same every time (``evaluation.EvalPlan``). With ``share`` and a
+        process group, the ranks compute it together, each reading only its own cuts' record
+        indexes (``planning/shared.py``): every rank must then ask at the same point."""
         if self.evaluation:
             return build_eval_plan(
                 self.planner, eos_appended=self.eos_appended, world_size=self.world_size,
@@ -245,6 +247,7 @@ class PackedTokenDataset(IterableDataset):
             pass_idx, world_size=self.world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=self.seq_lens, packing=self.config.packing,
             eos_appended=self.eos_appended, first_step=first_step, fractions=fractions,
+            share=self.topology if share and self.topology.can_gather else None,
         )
 
     def _load_manifests(self, share: bool) -> list[Manifest]:

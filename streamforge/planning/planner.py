@@ -20,8 +20,10 @@ import numpy as np
 
 from ..errors import ShardCorruptError
 from ..format.manifest import Manifest
-from .plan import PassPlan, Range, build_pass_plan, cut_shards, plan_stream, records_at, trim_ranges
+from .layout import Layout
+from .plan import PassPlan, Range, build_pass_plan, records_at, trim_ranges
 from .readings import count as reading_count, plan_readings, reading_cut_shards
+from .shared import shared_counts
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -45,6 +47,8 @@ class Planner:
         self._worker_ranges: dict[tuple[int, int, int, int], list[Range]] = {}
         self._prefix: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._column_lists: dict[int, tuple] = {}
+        self._laid: dict[tuple[int, int], tuple[int, int]] = {}  # (stream, shard): (block, offset)
+        self._blocks: dict[int, np.ndarray] = {}  # running sums over the indexes read together
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -52,6 +56,8 @@ class Planner:
         state.pop("_worker_ranges", None)
         state.pop("_prefix", None)
         state.pop("_column_lists", None)
+        state.pop("_laid", None)
+        state.pop("_blocks", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -71,6 +77,13 @@ class Planner:
             self._ranges[key] = cached
         return cached
 
+    def keep_ranges(self, stream: int, pass_idx: int, n: int, ranges: list[list[Range]]) -> None:
+        """Keep every global worker's ``ranges`` of a stream and pass, computed elsewhere
+        (``shared.shared_counts``), as ``ranges`` would have."""
+        if len(self._ranges) >= _RANGE_CACHE * len(self.names):
+            self._ranges.pop(next(iter(self._ranges)))
+        self._ranges[(stream, pass_idx, n)] = ranges
+
     def worker_ranges(self, stream: int, pass_idx: int, num_global_workers: int, global_worker: int) -> list[Range]:
         """One global worker's ranges: from the whole plan when it is at hand, else from that
         worker's two cuts alone (at most two record indexes read: what a worker process does)."""
@@ -87,20 +100,19 @@ class Planner:
         return cached
 
     def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
-        m = self.manifests[stream]
-        args = dict(seed=self.seed, stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=n)
-        records, tokens = m.columns["num_records"], m.columns["num_tokens"]
         if self.repeats[stream] != 1.0:
-            return self._plan_readings(stream, workers, args)
-        record_tokens = None
-        if self._sources is not None:
-            self.prefetch_indexes(stream, cut_shards(records, tokens, workers=workers, **args))
-            record_tokens = lambda shard: np.diff(self._prefix_of(stream, shard)[0])  # noqa: E731
-        return plan_stream(records, tokens, record_tokens=record_tokens, workers=workers, **args)
+            return self._plan_readings(stream, pass_idx, n, workers)
+        layout = self.layout(stream, pass_idx, n)
+        if self._sources is None:
+            return layout.ranges(workers)
+        ks = range(1, n) if workers is None else {k for g in workers for k in (g, g + 1)}
+        self.prefetch_indexes(stream, layout.cut_shards(ks))
+        return layout.ranges(workers, self.record_ends(stream))
 
-    def _plan_readings(self, stream: int, workers: list[int] | None, args: dict) -> list[list[Range]]:
+    def _plan_readings(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
         """``_plan`` of a repeated stream: its reading manifest's first ``S`` shards are the
         stream's own (``readings.py``)."""
+        args = dict(seed=self.seed, stream_key=self.names[stream], pass_idx=pass_idx, num_global_workers=n)
         repeat = self.repeats[stream]
         num_shards = len(self.manifests[stream].shard_names) // reading_count(repeat)
         c = self.manifests[stream].columns
@@ -110,6 +122,15 @@ class Planner:
             self.prefetch_indexes(stream, reading_cut_shards(records, tokens, repeat=repeat, workers=workers, **args))
             record_tokens = lambda shard: np.diff(self._prefix_of(stream, shard)[0])  # noqa: E731
         return plan_readings(records, tokens, repeat=repeat, record_tokens=record_tokens, workers=workers, **args)
+
+    def layout(self, stream: int, pass_idx: int, n: int) -> Layout:
+        """Stream ``stream``'s shards in ``pass_idx``'s order, to be cut for ``n`` global workers."""
+        m = self.manifests[stream]
+        return Layout(m.columns["num_records"], m.columns["num_tokens"], self.seed, self.names[stream], pass_idx, n)
+
+    def record_ends(self, stream: int) -> "_Ends":
+        """The ``RecordEnds`` of a stream's shards (their indexes read where not yet read)."""
+        return _Ends(self, stream)
 
     # -- the plan of a pass ------------------------------------------------------------------
     def pass_plan(
@@ -124,18 +145,32 @@ class Planner:
         eos_appended: Sequence[bool],
         first_step: int = 0,
         fractions: Sequence[float] | None = None,
+        share: Any = None,
     ) -> PassPlan:
         """With ``fractions`` (one per stream), the plan of what is left of the pass when
-        every worker has read that fraction of each stream's ranges (statistical resume)."""
+        every worker has read that fraction of each stream's ranges (statistical resume).
+
+        With ``share`` (the job's ``Topology``, whose ``gather`` reaches every rank; every
+        rank must then call this at the same point), the ranks compute the plan together:
+        each cuts and counts its own workers' ranges, reading only the record indexes of the
+        shards its own cuts fall in, and one all-gather hands every rank the others' cuts and
+        counts (``shared.shared_counts``). The plan is the same either way; without, every
+        rank reads the index of every shard any cut falls in (up to one a global worker)."""
         n = world_size * workers_per_rank
-        per_stream = [self.ranges(s, pass_idx, n) for s in range(len(self.names))]
-        if fractions is not None:
-            per_stream = [
-                [trim_ranges(r, records_at(r, f)) for r in workers] for workers, f in zip(per_stream, fractions)
-            ]
-        self._prefetch_counts(per_stream)
+        # a repeated stream's readings are cut reading by reading (``readings.py``), which the
+        # shared cuts do not know: such a plan is computed by every rank alone
+        if share is not None and share.world_size == world_size > 1 and all(r == 1.0 for r in self.repeats):
+            per_stream, totals = shared_counts(self, share, pass_idx, n, fractions)
+        else:
+            per_stream = [self.ranges(s, pass_idx, n) for s in range(len(self.names))]
+            if fractions is not None:
+                per_stream = [
+                    [trim_ranges(r, records_at(r, f)) for r in workers] for workers, f in zip(per_stream, fractions)
+                ]
+            self._prefetch_counts(per_stream)
+            totals = self.totals
         return build_pass_plan(
-            per_stream, self.totals, streams=self.names, eos_appended=eos_appended,
+            per_stream, totals, streams=self.names, eos_appended=eos_appended,
             pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=seq_len, packing=packing, first_step=first_step,
         )
@@ -206,34 +241,75 @@ class Planner:
 
     def _read_prefixes(self, wanted: list[tuple[int, int]]) -> None:
         """Read the (stream, shard) indexes in ``wanted`` on up to ``_FETCH_THREADS`` threads,
-        each taking a run of them (one task per thread, not per index)."""
+        each taking a run of them (one task per thread, not per index); the threads only read
+        (the I/O), and the running sums of every index read are taken here, at once."""
         if not wanted:
             return
         threads = min(_FETCH_THREADS, len(wanted))
+        if threads == 1:
+            self._prefix.update(zip(wanted, _prefixes([self._read_lengths(*k) for k in wanted])))
+            return
         runs = [wanted[t::threads] for t in range(threads)]
         with ThreadPoolExecutor(threads) as pool:
-            for run, prefixes in zip(runs, pool.map(lambda run: [self._read_prefix(*k) for k in run], runs)):
-                self._prefix.update(zip(run, prefixes))
+            got = list(pool.map(lambda run: [self._read_lengths(*k) for k in run], runs))
+        by_key = dict(zip([k for run in runs for k in run], [x for part in got for x in part]))
+        lengths = [by_key[k] for k in wanted]
+        self._prefix.update(zip(wanted, _prefixes(lengths)))
+        block = self._prefix[wanted[0]][0].base  # the running sum the prefixes are views of
+        if block is not None:
+            self._blocks[id(block)] = block
+            offsets = np.cumsum([0] + [len(x) for x in lengths[:-1]]).tolist()
+            self._laid.update((k, (id(block), o)) for k, o in zip(wanted, offsets))
 
     def _prefix_of(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
         key = (stream, shard)
         if key not in self._prefix:
-            self._prefix[key] = self._read_prefix(stream, shard)
+            self._prefix[key] = _prefixes([self._read_lengths(stream, shard)])[0]
         return self._prefix[key]
 
-    def _read_prefix(self, stream: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read_lengths(self, stream: int, shard: int) -> np.ndarray:
+        """The token count of each of a shard's records, from its record index (zeros for a
+        damaged index under ``on_error="skip"``)."""
         if self._sources is None:
             raise RuntimeError("this planner has no shard sources to read record indexes from")
         source = self._sources(stream)
         try:
-            lengths = source.index(shard).records["num_tokens"].astype(np.int64)
+            return source.index(shard).records["num_tokens"]
         except ShardCorruptError:
             if source.config.on_error != "skip":
                 raise
-            lengths = np.zeros(int(self.manifests[stream].columns["num_records"][shard]), np.int64)
-        tokens = np.concatenate([[0], np.cumsum(lengths)])
-        docs = np.concatenate([[0], np.cumsum(lengths > 0)])
-        return tokens, docs
+            return np.zeros(int(self.manifests[stream].columns["num_records"][shard]), np.int64)
+
+
+class _Ends:
+    """A stream's ``RecordEnds`` (``layout.py``) from the planner's record indexes; ``bank``
+    answers without copying when the shards' indexes were read together, in one running sum."""
+
+    def __init__(self, planner: Planner, stream: int) -> None:
+        self.planner, self.stream = planner, stream
+
+    def __call__(self, shards) -> list[np.ndarray]:
+        return [self.planner._prefix_of(self.stream, k)[0] for k in shards]
+
+    def bank(self, shards):
+        laid = [self.planner._laid.get((self.stream, k)) for k in shards]
+        if not laid or any(x is None or x[0] != laid[0][0] for x in laid):
+            return None
+        block = self.planner._blocks[laid[0][0]]
+        offset = np.array([o for _, o in laid], np.int64)
+        count = np.array([len(self.planner._prefix[(self.stream, k)][0]) - 1 for k in shards], np.int64)
+        return block, offset + 1, count, block[offset]
+
+
+def _prefixes(lengths: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(tokens, non-empty documents) running sums of each shard's record lengths: one value
+    before its first record and one after each. They are views of one running sum over all of
+    the shards, so they need not start at 0: only their differences are meant."""
+    flat = np.concatenate([np.asarray(x).ravel() for x in lengths]).astype(np.int64) if lengths else np.zeros(0, np.int64)
+    tokens = np.concatenate([[0], np.cumsum(flat)])
+    docs = np.concatenate([[0], np.cumsum(flat > 0)])
+    bounds = np.cumsum([0] + [len(x) for x in lengths]).tolist()
+    return [(tokens[a:b + 1], docs[a:b + 1]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def format_plan(

@@ -31,6 +31,13 @@ class RetryPolicy:
     Attempt ``k`` (1-based) that fails waits ``min(backoff_max, backoff_base * 2**(k-1))``
     scaled by a random factor in ``[1 - jitter, 1]`` before the next one.
 
+    An answer that says the store is throttling (``503 SlowDown``, ``429``) is not one of the
+    ``attempts``: the request backs off with decorrelated jitter (each wait drawn uniformly
+    between ``backoff_base`` and three times the previous one, at most ``backoff_max``), so
+    that many clients throttled together spread out instead of coming back in step, until
+    ``throttle_wait`` seconds of waiting are spent; then it fails with a ``StorageError``
+    naming the object and what the store said.
+
     Args:
         attempts: tries of one request in all, the first included (at least 1).
         backoff_base: seconds waited after the first failed attempt, doubling after each.
@@ -38,6 +45,8 @@ class RetryPolicy:
         timeout: the per-request socket timeout in seconds (connect and each read) handed to
             the filesystem (> 0).
         jitter: the share of each wait that is randomized, in [0, 1].
+        throttle_wait: the most seconds one request waits in all while the store throttles it
+            (0: a throttling answer is one of the ``attempts``, like any other fault).
     """
 
     attempts: int = 8
@@ -45,10 +54,12 @@ class RetryPolicy:
     backoff_max: float = 5.0
     timeout: float = 30.0
     jitter: float = 0.5
+    throttle_wait: float = 120.0
 
     def __post_init__(self) -> None:
         _check(self, ("attempts",), int, lambda v: v >= 1, "an int >= 1")
-        _check(self, ("backoff_base", "backoff_max", "timeout"), (int, float), lambda v: v >= 0, "a number >= 0")
+        _check(self, ("backoff_base", "backoff_max", "timeout", "throttle_wait"), (int, float), lambda v: v >= 0,
+               "a number >= 0")
         if self.timeout == 0:
             raise ConfigError("RetryPolicy.timeout must be > 0")
         if not 0 <= self.jitter <= 1:
@@ -58,6 +69,14 @@ class RetryPolicy:
         """Seconds to wait after failed attempt ``attempt`` (1-based); ``unit_random`` in [0, 1)."""
         base = min(self.backoff_max, self.backoff_base * (2 ** (attempt - 1)))
         return base * (1.0 - self.jitter * unit_random)
+
+    def throttle_delay(self, previous: float, unit_random: float) -> float:
+        """Seconds to wait after a throttling answer, the previous such wait of the request
+        being ``previous`` (0 at first): decorrelated jitter, uniform in
+        ``[backoff_base, 3 * max(previous, backoff_base)]``, at most ``backoff_max``."""
+        low = self.backoff_base
+        high = 3.0 * max(previous, low)
+        return min(self.backoff_max, low + (high - low) * unit_random)
 
 
 @dataclass(frozen=True)

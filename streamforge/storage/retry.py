@@ -5,6 +5,11 @@
 better" (missing object or bucket, denied, bad request, corrupt data). ``with_retries`` runs
 one request until it succeeds, raises a permanent error at once, or gives up after
 ``RetryPolicy.attempts`` tries with a ``StorageError`` that names what was being read.
+
+A throttling answer (``503 SlowDown``, ``429``: ``is_throttle``) is retried apart from the
+attempts, with decorrelated jitter, for at most ``RetryPolicy.throttle_wait`` seconds of
+waiting per request (``RetryPolicy.throttle_delay``); the error that ends it names the object,
+the time waited and what the store said.
 """
 
 from __future__ import annotations
@@ -95,17 +100,37 @@ def is_transient(exc: BaseException) -> bool:
     return module in _TRANSIENT_MODULES or "Timeout" in type(exc).__name__
 
 
+_THROTTLE_WORDS = ("SlowDown", "Slow Down", "TooManyRequests", "RequestLimitExceeded", "Throttl")
+
+
+def is_throttle(exc: BaseException) -> bool:
+    """True when the store answered that the request rate is too high: HTTP 503 or 429, or
+    an error that says SlowDown / throttling."""
+    status = http_status(exc)
+    if status in (429, 503):
+        return True
+    seen = 0
+    while exc is not None and seen < 8:
+        text = f"{type(exc).__name__} {exc}"
+        if any(w in text for w in _THROTTLE_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
 class Retrier:
     """Runs requests under a ``RetryPolicy``; counts retries. Picklable (no live state)."""
 
     def __init__(self, policy: RetryPolicy, sleep: Callable[[float], None] = time.sleep) -> None:
         self.policy = policy
         self.retries = 0
+        self.throttled = 0  # retries after a throttling answer
         self._sleep = sleep
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {"policy": self.policy, "retries": 0, "_sleep": self._sleep}
+        return {"policy": self.policy, "retries": 0, "throttled": 0, "_sleep": self._sleep}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -115,23 +140,39 @@ class Retrier:
         """``request()`` until it succeeds; ``what`` names the url/shard/frame for errors.
         Once ``settled`` is set (a hedged twin answered), a failed attempt is not retried."""
         policy = self.policy
-        for attempt in range(1, policy.attempts + 1):
+        failed = throttled = 0
+        waited = previous = 0.0
+        while True:
             try:
                 return request()
             except Exception as exc:  # noqa: BLE001 - sorted just below, re-raised if permanent
                 if not is_transient(exc) or (settled is not None and settled.is_set()):
                     raise
-                if attempt == policy.attempts:
-                    raise StorageError(
-                        f"{what}: giving up after {policy.attempts} attempts; last error: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
-                delay = policy.delay(attempt, random.random())
+                throttle = policy.throttle_wait > 0 and is_throttle(exc)
+                if throttle:
+                    throttled += 1
+                    if waited >= policy.throttle_wait:
+                        raise StorageError(
+                            f"{what}: the object store kept throttling the request ({throttled} answers saying "
+                            f"so over {waited:.1f} s of backing off, RetryPolicy.throttle_wait={policy.throttle_wait:g} "
+                            f"s); last answer: {type(exc).__name__}: {exc}. The request rate on this prefix is "
+                            "above what the store allows: larger fetch units (fewer requests) or shards spread "
+                            "over more prefixes lower it (docs/storage.md)"
+                        ) from exc
+                    delay = min(policy.throttle_delay(previous, random.random()), policy.throttle_wait - waited)
+                    previous, waited = delay, waited + delay
+                    tries = f"throttled {throttled}x, {waited:.2f}/{policy.throttle_wait:g} s"
+                else:
+                    failed += 1
+                    if failed >= policy.attempts:
+                        raise StorageError(
+                            f"{what}: giving up after {policy.attempts} attempts; last error: "
+                            f"{type(exc).__name__}: {exc}"
+                        ) from exc
+                    delay = policy.delay(failed, random.random())
+                    tries = f"attempt {failed}/{policy.attempts}"
                 with self._lock:
                     self.retries += 1
-                log.info(
-                    "%s: attempt %d/%d failed (%s: %s); retrying in %.3fs",
-                    what, attempt, policy.attempts, type(exc).__name__, exc, delay,
-                )
+                    self.throttled += throttle
+                log.info("%s: %s failed (%s: %s); retrying in %.3fs", what, tries, type(exc).__name__, exc, delay)
                 self._sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover

@@ -12,16 +12,25 @@ Only methods in ``methods`` (GET by default: the reads) are faulted. The draws c
 ``random.Random(seed)`` in request order, so a run is repeatable up to thread scheduling.
 
 With ``rate=0`` it is a plain pass-through that counts: ``requests`` and ``bytes_served``
-(body bytes of the GET responses sent in full), whichever process made the requests.
+(body bytes of the GET responses sent in full), whichever process made the requests, and
+keeps a ``log`` of them: ``(method, path, Range header, body bytes sent, status)``. A client
+marks a moment with ``GET /__proxy__/mark`` (answered here, neither forwarded nor counted):
+``marks`` holds the log's length then (what had been asked before, e.g. before a first batch).
+
+``limit=`` (requests per second) makes it throttle like S3 does per prefix: a request of
+``methods`` that finds more than ``limit`` such requests in the last second (``window_s``)
+is answered ``503 SlowDown`` (counted in ``faults["slowdown"]``); the others pass.
 """
 
 from __future__ import annotations
 
+import collections
 import http.client
 import random
 import socket
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -45,6 +54,8 @@ class FaultProxy:
         kinds: tuple[str, ...] = KINDS,
         stall_s: float = 2.0,
         methods: tuple[str, ...] = ("GET",),
+        limit: float | None = None,
+        window_s: float = 1.0,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
@@ -58,6 +69,11 @@ class FaultProxy:
         self.requests = 0
         self.bytes_served = 0
         self.faults = dict.fromkeys(KINDS, 0)
+        self.limit = limit
+        self.window_s = window_s
+        self._recent: collections.deque = collections.deque()
+        self.log: list[tuple[str, str, str | None, int, int]] = []
+        self.marks: list[int] = []
         proxy = self
 
         class Handler(_Handler):
@@ -81,6 +97,14 @@ class FaultProxy:
     def draw(self, method: str) -> str | None:
         with self._lock:
             self.requests += 1
+            if self.limit is not None and method in self.methods:
+                now = time.monotonic()
+                while self._recent and self._recent[0] <= now - self.window_s:
+                    self._recent.popleft()
+                if len(self._recent) >= self.limit * self.window_s:
+                    self.faults["slowdown"] += 1
+                    return "slowdown"
+                self._recent.append(now)
             if method not in self.methods or self._rng.random() >= self.rate:
                 return None
             kind = self._rng.choice(self.kinds)
@@ -90,6 +114,15 @@ class FaultProxy:
     def served(self, nbytes: int) -> None:
         with self._lock:
             self.bytes_served += nbytes
+
+    def record(self, method: str, path: str, range_: str | None, nbytes: int, status: int) -> None:
+        with self._lock:
+            self.log.append((method, path, range_, nbytes, status))
+
+    def mark(self) -> int:
+        with self._lock:
+            self.marks.append(len(self.log))
+            return len(self.log)
 
     @property
     def total_faults(self) -> int:
@@ -127,11 +160,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         self.close_connection = True
+        if self.path == "/__proxy__/mark":
+            body = str(self.owner.mark()).encode()
+            self._send_head(200, "OK", [("Content-Type", "text/plain")], len(body))
+            self.wfile.write(body)
+            return
         kind = self.owner.draw(self.command)
         if kind == "slowdown":
             length = int(self.headers.get("Content-Length") or 0)
             if length:
                 self.rfile.read(length)
+            self.owner.record(self.command, self.path, self.headers.get("Range"), 0, 503)
             self._send_head(503, "Slow Down", [("Content-Type", "application/xml")], len(_SLOWDOWN))
             self.wfile.write(_SLOWDOWN)
             return
@@ -139,6 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner._stopping.wait(self.owner.stall_s)
             return
         status, reason, headers, data = self._forward()
+        self.owner.record(self.command, self.path, self.headers.get("Range"), len(data) if kind is None else 0, status)
         self._send_head(status, reason, headers, len(data))
         if kind is None or self.command == "HEAD" or not data:
             if self.command != "HEAD":

@@ -17,7 +17,7 @@ from streamforge.storage.retry import Retrier, ShortRead, is_transient
 
 # each S3 client the readers can use: s3fs, signed HTTP, and obstore where installed
 CLIENTS = ["fsspec", "http"] + (["obstore"] if importlib.util.find_spec("obstore") else [])
-QUICK = RetryPolicy(attempts=3, backoff_base=0.01, backoff_max=0.02, timeout=0.5)
+QUICK = RetryPolicy(attempts=3, backoff_base=0.01, backoff_max=0.02, timeout=0.5, throttle_wait=0)  # SlowDown: an attempt
 
 
 @pytest.fixture
