@@ -51,13 +51,13 @@ def test_delay_cap_and_counts(s3_server):
             # s3fs asks HEAD before each GET: 4 GETs among 8 requests, every one counted
             assert counts["gets"] == 4 and counts["requests"] == 8, counts
             assert counts["bytes"] == 3 * len(small) + len(big), counts
-        # each small read (a HEAD and a GET) waited the 60 ms delay twice, on top of the
-        # pass-through's time
-        assert times["slow"][0] >= 0.12 and times["slow"][0] - times["plain"][0] >= 0.1, times
+        # each small read (a HEAD and a GET) waited the 60 ms delay twice (a lower bound: a
+        # loaded machine only adds to it, to the pass-through's time as well)
+        assert times["slow"][0] >= 0.12, times
         # 3 MiB at 15 MB/s: 0.21 s at least, plus the delay; the pass-through is far faster
         expect = len(big) / 15e6 + 0.12
         assert expect * 0.95 <= times["slow"][1] <= expect * 2.5 + 0.3, times
-        assert times["plain"][1] < expect / 2, times
+        assert times["plain"][1] < expect, times  # the pass-through is not capped
     finally:
         plain.stop()
         slow.stop()

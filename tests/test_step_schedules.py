@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.pipeline import dataset, make_corpus, write_stream
-from streamforge import ConfigError, EvaluationDataset, StreamingLoader
+from streamforge import ConfigError, EvaluationDataset, PackedTokenDataset, Stream, StreamingLoader
 from streamforge.pipeline.batch import IGNORE_INDEX
 from streamforge.planning.plan import PassPlan, steps_for
 from streamforge.planning.steps import StepSchedule, batch_schedule, step_at_tokens, tokens_in_steps
@@ -344,3 +344,17 @@ def test_the_ledger_of_a_ramp_checks_clean_and_shows_each_step(corpus, tmp_path)
     for step in (0, 6, 7, 8, 9, 10, len(batches) - 1):
         want = [(names[s], sh, r, t, n) for s, sh, r, t, n in _segments(batches[step])]
         assert _shown(show(ledger, step)) == want
+
+
+
+def test_stats_give_the_next_steps_shape(corpus):
+    """``stats()`` holds the batch size and row length of the step about to be trained."""
+    ds = PackedTokenDataset([Stream(corpus["web"][0], name="web")], seq_len=[(0, 24), (3, 40)])
+    loader = StreamingLoader(ds, batch_size=[(0, 2), (2, 3)])
+    seen = [(loader.stats()["batch_size"], loader.stats()["seq_len"])]
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+        stats = loader.stats()
+        seen.append((stats["batch_size"], stats["seq_len"]))
+    assert seen == [(2, 24), (2, 24), (3, 24), (3, 40), (3, 40)]

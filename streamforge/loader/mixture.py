@@ -13,7 +13,11 @@ from ..planning.shortfall import describe, estimate
 
 def worker_tokens(dataset, plan) -> list[list[int]]:
     """``[g][s]``: global worker ``g``'s tokens of stream ``s`` in ``plan`` (its ranges,
-    EOS appended included, and its saved windows' rests after an elastic resume)."""
+    EOS appended included, and its saved windows' rests after an elastic resume): the
+    plan's own counts where it has them (no record index read: a shared plan's ranks hold
+    only their own cuts' indexes), else counted from the indexes."""
+    if plan.stream_tokens is not None and plan.windows is None:
+        return plan.stream_tokens
     n = plan.num_global_workers
     out = [[0] * len(plan.ranges) for _ in range(n)]
     for s, per_worker in enumerate(plan.ranges):

@@ -16,6 +16,7 @@ def loader_stats(loader: Any) -> dict[str, Any]:
     loader._collect_live_stats()
     out = loader.counters.report(loader.step)
     out.update({"pass": loader.clock.pass_idx, "batch": loader.clock.batch, "skip_steps": loader.skip_steps.to_list()})
+    out["batch_size"], out["seq_len"] = loader.batch_size, loader.seq_len  # the next step's (by step)
     out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
     if not loader.infinite:
         out["steps_per_pass"], out["mixture"] = loader.steps_per_pass, mixture.report(loader)

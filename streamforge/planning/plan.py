@@ -159,6 +159,9 @@ class PassPlan(PassClock):
     # changes with the step: ``batch_size`` and ``seq_len`` are then their values at
     # ``first_step``, and ``rows`` counts tokens where the row length changes (``steps.per_token``)
     shape: dict[str, Any] | None = None
+    # ``[g][s]``: global worker ``g``'s tokens of stream ``s`` (EOS appended included), where
+    # the plan counted them (``build_pass_plan``): what the mixture's estimate spends
+    stream_tokens: list[list[int]] | None = None
 
     @property
     def num_global_workers(self) -> int:
@@ -269,13 +272,16 @@ def build_pass_plan(
     batch_size = StepSchedule.build("batch_size", batch_size)
     seq_len = StepSchedule.build("seq_len", seq_len)
     n = world_size * workers_per_rank
-    tokens, rows = [], []
+    tokens, rows, per_stream = [], [], []
     for g in range(n):
         tok = docs = 0
+        mine = []
         for s, per_worker in enumerate(stream_ranges):
             t, d = totals(s, per_worker[g])
-            tok += t + (d if eos_appended[s] else 0)
+            mine.append(t + (d if eos_appended[s] else 0))
             docs += d
+        tok = sum(mine)
+        per_stream.append(mine)
         tokens.append(tok)
         rows.append(worker_rows(tok, docs, seq_len=seq_len, packing=packing))
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size,
@@ -283,5 +289,6 @@ def build_pass_plan(
     return PassPlan(
         pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
         packing=packing, streams=list(streams), ranges=[list(r) for r in stream_ranges], tokens=tokens,
-        rows=rows, steps=steps, first_step=first_step, **plan_shape(batch_size, seq_len, first_step),
+        rows=rows, steps=steps, first_step=first_step, stream_tokens=per_stream,
+        **plan_shape(batch_size, seq_len, first_step),
     )
