@@ -37,9 +37,11 @@ def test_startup_requests_grow_with_shards_read_not_ranks(s3_server, corpus):
         for r in job["per_rank"]:
             # one index per shard it reads, plus the shard its own last cut falls in, per stream
             # (one worker a rank: its first cut falls in the shard it starts reading); a rank
-            # planning alone reads every cut's (tools/bench_startup.py's "alone" rows)
-            assert r["index"][0] <= r["shards_read"] + streams, (ranks, r)
-        assert t["index"][0] <= t["shards_read"] + streams * ranks
+            # planning alone reads every cut's (tools/bench_startup.py's "alone" rows). Plus one:
+            # the count stops at the first batch, and the next shard's index GET may have gone
+            # out just before it, its data GET just after (seen once in CI: 27 against 23 + 3)
+            assert r["index"][0] <= r["shards_read"] + streams + 1, (ranks, r)
+        assert t["index"][0] <= t["shards_read"] + (streams + 1) * ranks
         assert t["requests"] <= streams + t["index"][0] + t["data"][0] + t["other"][0]
     one, four = bench_startup.totals(jobs[1]), bench_startup.totals(jobs[4])
     # the job's total grows as the shards its ranks read, not as ranks x what one rank reads
