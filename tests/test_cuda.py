@@ -84,3 +84,28 @@ def test_flex_attention_matches_dense_on_packed_batches(corpus):
     )
     real = doc_ids >= 0
     torch.testing.assert_close(flex.transpose(1, 2)[real], dense.transpose(1, 2)[real], atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_ramp_and_a_warmup_arrive_on_the_device_shape_by_shape(corpus, num_workers):
+    """Batch-size and sequence-length schedules change the batches' shapes at their steps;
+    copied ahead on the side stream, every batch arrives whole, in its step's shape, equal to
+    the CPU run's, and a resume inside the ramp is exact on the device too."""
+    ramp, warmup = [(0, 2), (3, 4), (7, 3)], [(0, 64), (5, 128)]
+
+    def make(device=None):
+        return loader(dataset(corpus, seq_len=warmup), batch_size=ramp, num_workers=num_workers,
+                      **({"device": device} if device else {}))
+
+    ldr = make()
+    batches = take(ldr, 10)
+    shapes = [tuple(b["input_ids"].shape) for b in batches]
+    assert shapes == [(2, 64)] * 3 + [(4, 64)] * 2 + [(4, 128)] * 2 + [(3, 128)] * 3
+    assert all(v.device == ldr.device for b in batches for v in b.values())
+    assert_batches_equal(_cpu(batches), take(make("cpu"), 10))
+    half = make()
+    take(half, 4)
+    state = half.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state, strict=True)
+    assert_batches_equal(_cpu(take(resumed, 6)), _cpu(batches[4:]))
