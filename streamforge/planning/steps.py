@@ -155,33 +155,51 @@ def step_costs(batch: StepSchedule, seq_len: StepSchedule, packing: str) -> tupl
     return starts, costs
 
 
+def _segments(starts: Sequence[int], costs: Sequence[float], offset: int, stride: int):
+    """``(steps, cost)`` per segment for the steps ``offset, offset + stride, ...``: how many
+    of them fall in each segment from ``offset``'s on, the last segment's count ``None``
+    (it never ends)."""
+    k = max(0, bisect.bisect_right(starts, offset) - 1)
+    step = offset
+    while k + 1 < len(starts):
+        n = -(-(starts[k + 1] - step) // stride) if starts[k + 1] > step else 0
+        yield n, costs[k]
+        step += n * stride
+        k += 1
+    yield None, costs[k]
+
+
 def batches_within(capacity: int, starts: Sequence[int], costs: Sequence[int], offset: int, stride: int) -> int:
     """How many of the steps ``offset, offset + stride, ...`` (in order) fit ``capacity``:
     the most ``m`` whose first ``m`` costs sum to at most ``capacity``."""
-    k = bisect.bisect_right(starts, offset) - 1
-    step, done, left = offset, 0, int(capacity)
-    while k + 1 < len(starts):
-        n = -(-(starts[k + 1] - step) // stride) if starts[k + 1] > step else 0  # this segment's steps
-        if n * costs[k] > left:
-            break
-        left -= n * costs[k]
+    done, left = 0, int(capacity)
+    for n, cost in _segments(starts, costs, offset, stride):
+        if n is None or n * cost > left:
+            return done + left // cost
+        left -= n * cost
         done += n
-        step += n * stride
-        k += 1
-    return done + left // costs[k]
+    raise AssertionError("unreachable: the last segment never ends")
+
+
+def progression_cost(starts: Sequence[int], costs: Sequence[float], offset: int, stride: int, count: int) -> float:
+    """The summed cost of the steps ``offset, offset + stride, ...`` (``count`` of them)
+    under the segments ``(starts, costs)`` of ``step_costs``."""
+    total, left = 0.0, count
+    for n, cost in _segments(starts, costs, offset, stride):
+        n = left if n is None else min(left, n)
+        total += n * cost
+        left -= n
+        if left <= 0:
+            break
+    return total
 
 
 def tokens_in_steps(batch: StepSchedule, seq_len: StepSchedule, first: int, count: int) -> int:
     """Tokens of one rank's batches at steps ``first .. first + count - 1``."""
     if batch.constant is not None and seq_len.constant is not None:
         return count * batch.constant * seq_len.constant
-    starts = sorted(set(batch.starts) | set(seq_len.starts))
-    total, end = 0, first + count
-    for k, s in enumerate(starts):
-        lo, hi = max(s, first), min(starts[k + 1] if k + 1 < len(starts) else end, end)
-        if hi > lo:
-            total += (hi - lo) * batch.at(s) * seq_len.at(s)
-    return total
+    job = JobTokens(batch, seq_len)
+    return int(job.until(first + count) - job.until(first))
 
 
 def largest_batch_tokens(batch: StepSchedule, seq_len: StepSchedule, first: int, count: int) -> tuple[int, int]:
@@ -196,16 +214,7 @@ def largest_batch_tokens(batch: StepSchedule, seq_len: StepSchedule, first: int,
 def step_at_tokens(batch: StepSchedule, seq_len: StepSchedule, tokens: float) -> int:
     """The step by which one rank's batches have held ``tokens`` tokens (rounded to the
     nearest step): the inverse of ``tokens_in_steps`` from step 0."""
-    starts = sorted(set(batch.starts) | set(seq_len.starts))
-    step, left = 0, float(tokens)
-    for k, s in enumerate(starts):
-        per = batch.at(s) * seq_len.at(s)
-        if k + 1 < len(starts) and (starts[k + 1] - s) * per <= left:
-            left -= (starts[k + 1] - s) * per
-            step = starts[k + 1]
-            continue
-        return step + int(round(left / per))
-    return step
+    return int(round(JobTokens(batch, seq_len).step_at(tokens)))
 
 
 class JobTokens:
@@ -227,20 +236,3 @@ class JobTokens:
     def step_at(self, tokens: float) -> float:
         k = max(0, bisect.bisect_right(self.cum, tokens) - 1)
         return self.starts[k] + (tokens - self.cum[k]) / self.per[k]
-
-
-def progression_cost(starts: Sequence[int], costs: Sequence[float], offset: int, stride: int, count: int) -> float:
-    """The summed cost of the steps ``offset, offset + stride, ...`` (``count`` of them)
-    under the segments ``(starts, costs)`` of ``step_costs``."""
-    k = max(0, bisect.bisect_right(starts, offset) - 1)
-    step, total, left = offset, 0.0, count
-    while left > 0:
-        if k + 1 < len(starts):
-            n = min(left, -(-(starts[k + 1] - step) // stride) if starts[k + 1] > step else 0)
-        else:
-            n = left
-        total += n * costs[k]
-        left -= n
-        step += n * stride
-        k += 1
-    return total
