@@ -82,6 +82,7 @@ class ReadAhead:
         self._head = None
         budget, threads = self.budget()
         if budget <= 0:
+            self._head_now(self._plan)
             return
         self._read_head(self._plan)
         self._indexes_ahead(self._plan)
@@ -172,28 +173,75 @@ class ReadAhead:
         for shard in shards:
             pool.submit(_quietly, source.index, shard)
 
+    def _head_target(self, plan: list[tuple[int, int, int]]) -> tuple[int, int, str, str, int] | None:
+        """``(shard, stop, name, what, size)`` of the head read worth making for ``plan``: its
+        first shard's first ``stop`` bytes, where that shard is remote, read from its first
+        record, its index not read yet and its first frame not cached; else None."""
+        source = self.source
+        first = next(((s, a) for s, a, b in plan if b > a), None)
+        if first is None or first[1] != 0 or source.fetcher.local or source.has_index(first[0]):
+            return None
+        shard = first[0]
+        col = source.manifest.columns
+        stop = min(HEAD_BYTES, int(col["index_offset"][shard]))
+        name = source.manifest.shard_names[shard]
+        if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
+            return None  # the cache holds the first frame: no request to save
+        return shard, stop, name, f"{source.where(shard)} bytes 0..{stop}", int(col["bytes"][shard])
+
     def _read_head(self, plan: list[tuple[int, int, int]]) -> None:
-        """Start reading the first ``HEAD_BYTES`` of the plan's first shard beside its index,
-        where that shard is remote, read from its first record, and its index not read yet.
+        """Start reading the first ``HEAD_BYTES`` of the plan's first shard beside its index
+        (``_head_target`` says when).
 
         A fresh start's first batch otherwise waits for two round trips in a row: the index,
         then the frames it locates. A shard's first frame starts at byte 0, so the head holds
         the new plan's first units (``ramp``: 256 KiB, then 512 KiB) unless its frames are
         larger; the units inside it take their frames from it (``_take_head``), and it is
         dropped at the first unit of its shard that does not fit."""
-        source = self.source
-        first = next(((s, a) for s, a, b in plan if b > a), None)
-        if first is None or first[1] != 0 or source.fetcher.local or source.has_index(first[0]):
+        target = self._head_target(plan)
+        if target is None:
             return
-        shard = first[0]
-        col = source.manifest.columns
-        stop = min(HEAD_BYTES, int(col["index_offset"][shard]))
-        name = source.manifest.shard_names[shard]
-        if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
-            return  # the cache holds the first frame: no request to save
-        what = f"{source.where(shard)} bytes 0..{stop}"
-        read, size = source.fetcher.read, int(col["bytes"][shard])
+        shard, stop, name, what, size = target
+        read = self.source.fetcher.read
         self._head = (shard, self._pool().submit(lambda: read(name, 0, stop, what=what, file_size=size)))
+
+    def _head_now(self, plan: list[tuple[int, int, int]]) -> None:
+        """The same two reads side by side without read-ahead (a head start's pipeline, which
+        must leave no thread running): the index on a thread joined before returning, the
+        head on this one; the frames of the plan's first range that the head holds whole are
+        decoded at once for the reads that follow (``take``). Any failure is left to the
+        reads, which make their own requests and raise with their context."""
+        target = self._head_target(plan)
+        if target is None:
+            return
+        shard, stop, name, what, size = target
+        source = self.source
+        indexing = threading.Thread(target=_quietly, args=(source.index, shard), name="sf-head-index", daemon=True)
+        indexing.start()
+        try:
+            blob = source.fetcher.read(name, 0, stop, what=what, file_size=size)
+        except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
+            blob = None
+        indexing.join()
+        if blob is None or not source.has_index(shard):
+            return
+        index = source.index(shard)
+        _, a, b = next(r for r in plan if r[2] > r[1])
+        first = int(index.frame_of_record(a))
+        last = int(index.frame_of_record(min(b, index.num_records) - 1)) + 1
+        ends = index.frames["comp_offset"][first:last] + index.frames["comp_size"][first:last]
+        whole = first + int((ends <= len(blob)).sum())  # the frames wholly inside the head
+        if whole == first:
+            return
+        done: Future = Future()
+        done.set_result(blob)
+        self._head = (shard, done)
+        try:
+            items = self._fetch_unit(FetchUnit(0, shard, first, whole, 0))
+        finally:
+            self._head = None
+        for f, item in zip(range(first, whole), items):
+            self._ready[(shard, f)] = item
 
     def _take_head(self, unit: FetchUnit, index: ShardIndex) -> list | None:
         """The frames of ``unit`` from the head read (``_read_head``); None where the unit is
@@ -216,7 +264,9 @@ class ReadAhead:
 
     def _pool(self) -> DaemonPool:
         if self._index_pool is None:
-            self._index_pool = DaemonPool(2, "sf-index")
+            # the head read and three index reads side by side: a short first shard's window
+            # goes on into the next shard, whose index must not wait behind the head
+            self._index_pool = DaemonPool(4, "sf-index")
         return self._index_pool
 
     def take(self, shard: int, start: int, frames: list[int], index: ShardIndex) -> list:

@@ -6,6 +6,7 @@ all read as before (real S3 server on 127.0.0.1)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -111,3 +112,38 @@ def test_no_head_read_from_local_disk_a_cached_shard_or_mid_shard(s3_corpus, doc
     assert cached._readahead._head is None
     assert len(log) == manifest.num_shards  # the indexes only
     cached.close()
+
+
+@pytest.mark.parametrize("fail_head", [False, True], ids=["head read", "head read fails"])
+def test_without_read_ahead_the_index_and_the_head_are_read_side_by_side(large_first_shard, fail_head):
+    """A head start's pipeline reads without read-ahead (no thread may outlive it): its first
+    shard's index and head are still read at once (``ReadAhead._head_now``), each request
+    held 0.3 s here so that the two overlap whatever the machine's load; no thread is left,
+    the frames inside the head are not requested again, and a failed head only costs its
+    request."""
+    url, opts, docs = large_first_shard
+    source = ShardSource.open(url, opts, config(prefetch_bytes=0))
+    log = _logged(source, fail_head)
+    spans, read = [], source.fetcher.read
+
+    def slow(name, start, stop, **kwargs):
+        began = time.monotonic()
+        time.sleep(0.3)
+        try:
+            return read(name, start, stop, **kwargs)
+        finally:
+            spans.append((began, time.monotonic()))
+
+    source.fetcher.read = slow
+    n = int(source.manifest.columns["num_records"][0])
+    source.plan_reads([(0, 0, n)])
+    assert not [t for t in threading.enumerate() if t.name.startswith("sf-")]  # the index thread was joined
+    assert len(spans) == 2 and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # side by side
+    first = source.read(0, 0, 4)
+    assert same([first.doc(i) for i in range(len(first))], docs[:4])
+    reads = _frame_reads(source, log, 0)
+    assert (0, HEAD_BYTES) in reads
+    assert [a for a, _ in reads].count(0) == (2 if fail_head else 1)
+    stats = source.stats()
+    assert stats["prefetch_hits"] == (0 if fail_head else stats["frames_decoded"]) and stats["frames_decoded"] > 0
+    source.close()
