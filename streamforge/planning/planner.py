@@ -24,6 +24,7 @@ from .layout import Layout
 from .plan import PassPlan, Range, build_pass_plan, records_at, trim_ranges
 from .readings import count as reading_count, plan_readings, reading_cut_shards
 from .shared import shared_counts
+from .token_cuts import CutSpec, cut_range_tokens, cut_stream
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -40,6 +41,9 @@ class Planner:
         self.repeats = [1.0] * len(self.names) if repeats is None else [float(r) for r in repeats]
         self.seed = int(seed)
         self._sources = sources  # callable: stream index -> ShardSource, for index reads
+        # token cuts (``token_cuts.py``): what they are made for, and which streams get an EOS
+        self.cut_spec: CutSpec | None = None
+        self.cut_eos: list[bool] = [False] * len(self.names)
         self._reset()
 
     def _reset(self) -> None:
@@ -49,6 +53,7 @@ class Planner:
         self._column_lists: dict[int, tuple] = {}
         self._laid: dict[tuple[int, int], tuple[int, int]] = {}  # (stream, shard): (block, offset)
         self._blocks: dict[int, np.ndarray] = {}  # running sums over the indexes read together
+        self._cut: dict = {}  # token cuts: budgets, shard tokens, and each cut plan's tokens
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -58,6 +63,7 @@ class Planner:
         state.pop("_column_lists", None)
         state.pop("_laid", None)
         state.pop("_blocks", None)
+        state.pop("_cut", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -99,7 +105,49 @@ class Planner:
             self._worker_ranges[key] = cached
         return cached
 
+    def set_token_cuts(self, spec: CutSpec | None, eos_appended: Sequence[bool]) -> None:
+        """Cut passes for ``spec``'s topology at token positions (``token_cuts.py``); None:
+        at record boundaries. Plans made before for another setting are dropped."""
+        eos = [bool(e) for e in eos_appended]
+        if spec != self.cut_spec or eos != self.cut_eos:
+            self.cut_spec, self.cut_eos = spec, eos
+            self._ranges.clear()
+            self._worker_ranges.clear()
+            self._cut.clear()
+
+    def _token_cut(self, n: int) -> bool:
+        return self.cut_spec is not None and self.cut_spec.n == n and all(r == 1.0 for r in self.repeats)
+
+    def cut_shard_tokens(self, stream: int) -> np.ndarray:
+        """Each shard's tokens with the EOS the pipeline appends (token cuts' unit)."""
+        key = ("shard_tokens", stream)
+        if key not in self._cut:
+            records, tokens, docs = self._columns(stream)
+            if self.cut_eos[stream] and docs is None:  # a manifest without counts: from the indexes
+                docs = [self.totals(stream, [(k, 0, r)])[1] for k, r in enumerate(records)]
+            extra = np.asarray(docs, np.int64) if self.cut_eos[stream] else 0
+            self._cut[key] = np.asarray(tokens, np.int64) + extra
+        return self._cut[key]
+
+    def cut_budgets(self) -> np.ndarray:
+        """``[s][g]``: tokens of stream ``s`` global worker ``g`` gets under token cuts."""
+        if "budgets" not in self._cut:
+            totals = [int(self.cut_shard_tokens(s).sum()) for s in range(len(self.names))]
+            self._cut["budgets"] = self.cut_spec.budgets(totals)[1]
+        return self._cut["budgets"]
+
+    def _plan_tokens(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
+        eos = self.cut_eos[stream]
+        lengths = lambda shards: self.record_lengths(stream, shards, eos=eos)  # noqa: E731
+        ranges, tokens = cut_stream(self.layout(stream, pass_idx, n), self.cut_shard_tokens(stream),
+                                    self.cut_budgets()[stream], lengths, eos, workers)
+        if workers is None:
+            self._cut[("tokens", stream, pass_idx, n)] = tokens
+        return ranges
+
     def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
+        if self._token_cut(n):
+            return self._plan_tokens(stream, pass_idx, n, workers)
         if self.repeats[stream] != 1.0:
             return self._plan_readings(stream, pass_idx, n, workers)
         layout = self.layout(stream, pass_idx, n)
@@ -157,6 +205,10 @@ class Planner:
         counts (``shared.shared_counts``). The plan is the same either way; without, every
         rank reads the index of every shard any cut falls in (up to one a global worker)."""
         n = world_size * workers_per_rank
+        if self._token_cut(n):
+            return self._token_pass_plan(pass_idx, n, fractions, dict(
+                pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size,
+                seq_len=seq_len, packing=packing, first_step=first_step))
         # a repeated stream's readings are cut reading by reading (``readings.py``), which the
         # shared cuts do not know: such a plan is computed by every rank alone
         if share is not None and share.world_size == world_size > 1 and all(r == 1.0 for r in self.repeats):
@@ -174,6 +226,40 @@ class Planner:
             pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank,
             batch_size=batch_size, seq_len=seq_len, packing=packing, first_step=first_step,
         )
+
+    def _token_pass_plan(self, pass_idx: int, n: int, fractions, args: dict) -> PassPlan:
+        """``pass_plan`` under token cuts: every rank computes it alone (each reads the
+        record indexes of every shard a cut falls in), counts from the cuts themselves."""
+        per_stream = [self.ranges(s, pass_idx, n) for s in range(len(self.names))]
+        if fractions is None:
+            counted = [self._cut[("tokens", s, pass_idx, n)] for s in range(len(self.names))]
+            by_id = {id(r): int(t) for s, workers in enumerate(per_stream) for r, t in zip(workers, counted[s])}
+            totals = lambda s, ranges: (by_id[id(ranges)], 0)  # noqa: E731
+        else:
+            per_stream = [[trim_ranges(r, records_at(r, f)) for r in workers]
+                          for workers, f in zip(per_stream, fractions)]
+            self._prefetch_counts(per_stream)
+            totals = self.cut_totals
+        plan = build_pass_plan(per_stream, totals, streams=self.names, eos_appended=[False] * len(self.names), **args)
+        whole = [int(self.cut_shard_tokens(s).sum()) for s in range(len(self.names))]
+        if fractions is None:
+            plan.unassigned = [w - sum(g[s] for g in plan.stream_tokens) for s, w in enumerate(whole)]
+        plan.cuts = [[list(getattr(r, "cut", (0, 0))) for r in workers] for workers in per_stream]
+        return plan
+
+    def cut_totals(self, stream: int, ranges) -> tuple[int, int]:
+        """(tokens with EOS after the cuts, 0) of token-cut ``ranges`` of a stream."""
+        eos = self.cut_eos[stream]
+
+        def whole(rs):
+            t, d = self.totals(stream, rs)
+            return t + (d if eos else 0)
+
+        def record(shard, r):
+            tok, docs = self._prefix_of(stream, shard)
+            return int(tok[r + 1] - tok[r]) + (int(docs[r + 1] - docs[r]) if eos else 0)
+
+        return cut_range_tokens(ranges, whole, record), 0
 
     def counts(self, stream: int, shard: int, start: int, stop: int) -> tuple[int, int]:
         """(tokens, non-empty documents) of records ``start..stop-1`` of a shard, exactly."""

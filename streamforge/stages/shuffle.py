@@ -212,13 +212,14 @@ class ShuffleBuffer:
                 f"{self.window_idx} of {len(order)} documents"
             )
         wanted = order[skip:]
+        cut = shards.pieces(shard, record) if hasattr(shards, "pieces") else None
         lens = lengths[order].copy()
         lens[:skip] = 0
         # a restore reads its frames as its documents leave; where damaged records may be
         # skipped it reads them all first, since one left out changes the window's layout
         if (skip > 0 or not reading) and shards.on_error == "raise":
             pending = Pending(shards, ranges, shard[wanted], record[wanted], skip)
-            self._lay_out(Window(order, lens, shard, record, None, shards.dtype, skip, self.eos_id, pending), skip)
+            self._lay_out(Window(order, lens, shard, record, None, shards.dtype, skip, self.eos_id, pending, cut), skip)
             if reading:
                 reader.skip(len(record))
             return True
@@ -236,7 +237,7 @@ class ShuffleBuffer:
             # a record the source skipped as damaged (on_error="skip") is laid out empty
             pieces = [views[i] if ok else _EMPTY for i, ok in zip(at.tolist(), present.tolist())]
             lens[skip:] = [len(p) // shards.dtype.itemsize for p in pieces]
-        self._lay_out(Window(order, lens, shard, record, pieces, shards.dtype, skip, self.eos_id), skip)
+        self._lay_out(Window(order, lens, shard, record, pieces, shards.dtype, skip, self.eos_id, cut=cut), skip)
         return True
 
     def _lay_out(self, window: Window, skip: int) -> None:
@@ -292,7 +293,8 @@ class ShuffleBuffer:
             self._advance(1)
         else:
             self.token_offset += k
-        return piece, window.shards[pos], window.records[pos], token_offset, done
+        start = token_offset + (0 if window.base is None else int(window.base[pos]))
+        return piece, window.shards[pos], window.records[pos], start, done
 
     def known_lengths(self, max_docs: int) -> np.ndarray | None:
         """Full lengths of the current document and of up to ``max_docs - 1`` after it, all in
