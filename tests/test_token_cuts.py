@@ -1,0 +1,206 @@
+"""Token cuts (``cuts="tokens"``): every token of a finite pass delivered once, save less than
+one global step; exact resume inside a cut document; the cut arithmetic as a property."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers.pipeline import assert_batches_equal, dataset, loader, random_docs, take, write_stream
+from streamforge.errors import ConfigError
+from streamforge.planning.layout import Layout
+from streamforge.planning.plan import PassPlan
+from streamforge.planning.token_cuts import CutSpec, cut_stream, trims
+
+
+def _long_docs_corpus(root):
+    """A corpus where record cuts drop a lot: a few long documents in few shards."""
+    rng = np.random.default_rng(11)
+    spec = {"web": random_docs(rng, 120, 40), "books": random_docs(rng, 10, 900, sigma=0.6)}
+    out = {}
+    for name, docs in spec.items():
+        url = str(root / name)
+        out[name] = (url, write_stream(url, docs, shard_size="16KiB"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def books(tmp_path_factory):
+    return _long_docs_corpus(tmp_path_factory.mktemp("cuts"))
+
+
+def _pass(corpus, world, workers, cuts, batch_size=2, **kwargs):
+    runs = []
+    for rank in range(world):
+        ds = dataset(corpus, provenance=True, rank=rank, world_size=world, seq_len=32, cuts=cuts, **kwargs)
+        ldr = loader(ds, num_workers=workers, batch_size=batch_size)
+        plan = ldr.plan()
+        runs.append((plan, take(ldr), ldr.stats()))
+    return runs
+
+
+def _pieces(batches):
+    segs = np.concatenate([b["segments"].numpy().reshape(-1, 5) for b in batches])
+    return segs[segs[:, 0] >= 0]
+
+
+def _exactly_once(corpus, pieces):
+    """Every piece inside its document (with EOS), no token twice; returns tokens delivered."""
+    names = list(corpus)
+    seen = {}
+    for stream, shard, record, start, length in pieces.tolist():
+        seen.setdefault((stream, shard, record), []).append((start, start + length))
+    for key, spans in seen.items():
+        spans.sort()
+        for (a, b), (c, _) in zip(spans, spans[1:]):
+            assert b <= c, f"{names[key[0]]} shard {key[1]} record {key[2]}: tokens delivered twice"
+    return int(pieces[:, 4].sum())
+
+
+@pytest.mark.parametrize("world,workers", [(2, 0), (3, 2)])
+def test_every_token_once_and_less_than_a_step_dropped(books, world, workers):
+    old = _pass(books, world, workers, "records")
+    new = _pass(books, world, workers, "tokens")
+    plan = new[0][0]
+    assert all(r[0].to_dict() == plan.to_dict() for r in new)  # every rank computes the same plan
+    assert PassPlan.from_dict(plan.to_dict()) == plan
+    delivered = _exactly_once(books, np.concatenate([_pieces(r[1]) for r in new]))
+    dropped = sum(r[2]["dropped_tokens"] for r in new)
+    whole = sum(plan.tokens) + sum(plan.unassigned)
+    corpus_tokens = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
+    assert whole == corpus_tokens == delivered + dropped
+    # under one global step, plus two tokens per stream and global worker
+    assert dropped == plan.dropped_tokens() <= world * 2 * 32 + 2 * 2 * world * max(workers, 1) == plan.drop_bound()
+    old_dropped = sum(r[2]["dropped_tokens"] for r in old)
+    assert old_dropped > 3 * dropped  # record cuts left whole documents' worth
+
+
+def test_exact_resume_inside_cut_documents(books):
+    ds = lambda: dataset(books, provenance=True, seq_len=32, cuts="tokens", world_size=2, rank=1)  # noqa: E731
+    reference = take(loader(ds(), num_workers=2, batch_size=2))
+    plan = loader(ds(), num_workers=2, batch_size=2).plan()
+    assert any(c != [0, 0] for stream in plan.cuts for c in stream)  # documents are cut
+    # save at steps where a piece of a cut document is being delivered, and resume
+    heads = {(s, r) for stream, cuts, ranges in zip(range(2), plan.cuts, plan.ranges)
+             for (h, _), rs in zip(cuts, ranges) if h for s, r in [rs[0][:2]]}
+    inside = [i for i, b in enumerate(reference)
+              if any((s, r) in heads for _, s, r, _, _ in _pieces([b]).tolist())]
+    assert inside
+    for cut in sorted({inside[0], inside[len(inside) // 2], len(reference) // 3})[:3]:
+        first = loader(ds(), num_workers=2, batch_size=2)
+        it = iter(first)
+        head = [{k: v.clone() for k, v in next(it).items()} for _ in range(cut + 1)]
+        state = first.state_dict()
+        it.close()
+        assert_batches_equal(head, reference[: cut + 1])
+        resumed = loader(ds(), num_workers=2, batch_size=2)
+        resumed.load_state_dict(state)
+        assert_batches_equal(take(resumed), reference[cut + 1 :])
+
+
+@pytest.mark.parametrize("mode", ["elastic", "statistical"])
+def test_resume_on_another_topology(books, mode):
+    """Elastic: the rest of the pass re-planned over 3 workers, every token exactly once.
+    Statistical: each stream goes on at the same fraction; nothing twice after the resume."""
+    first = loader(dataset(books, provenance=True, seq_len=32, cuts="tokens"), num_workers=2, batch_size=2)
+    it = iter(first)
+    head = [{k: v.clone() for k, v in next(it).items()} for _ in range(7)]
+    state = first.state_dict()
+    it.close()
+    resumed = loader(dataset(books, provenance=True, seq_len=32, cuts="tokens"), num_workers=3, batch_size=2)
+    resumed.load_state_dict(state, mode="statistical" if mode == "statistical" else None)
+    assert resumed.resume_report.mode == mode
+    tail = take(resumed)
+    if mode == "elastic":
+        _exactly_once(books, np.concatenate([_pieces(head), _pieces(tail)]))
+    else:
+        _exactly_once(books, _pieces(tail))
+
+
+def test_refusals(books):
+    with pytest.raises(ConfigError, match="cuts"):
+        dataset(books, cuts="bytes")
+    with pytest.raises(ConfigError, match="concat"):
+        dataset(books, cuts="tokens", packing="pad")
+    with pytest.raises(ConfigError, match="seq_len"):
+        dataset(books, cuts="tokens", seq_len=[(0, 16), (10, 32)])
+
+
+# -- the arithmetic, as a property ----------------------------------------------------------------
+def _stream(rng, shards, mean, tail):
+    """Records per shard and heavy-tailed (Pareto) lengths, some empty."""
+    counts = rng.integers(1, 30, size=shards)
+    lengths = (rng.pareto(tail, size=int(counts.sum())) * mean).astype(np.int64) + 1
+    lengths[rng.random(len(lengths)) < 0.05] = 0
+    return counts, lengths
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10**6),
+    world=st.integers(1, 16),
+    workers=st.integers(1, 4),
+    batch=st.integers(1, 4),
+    seq_len=st.sampled_from([8, 64, 256]),
+    streams=st.integers(1, 3),
+    tail=st.floats(0.8, 3.0),
+    eos=st.booleans(),
+)
+def test_cut_arithmetic(seed, world, workers, batch, seq_len, streams, tail, eos):
+    """Over random topologies and heavy-tailed corpora: every token (EOS included) of every
+    stream goes to at most one worker, each worker gets at least its batches' tokens, and what
+    the pass drops is at most one global step plus two tokens per stream and global worker."""
+    rng = np.random.default_rng(seed)
+    spec = CutSpec(world, workers, batch, seq_len)
+    corpus = [_stream(rng, int(rng.integers(1, 40)), int(rng.integers(5, 400)), tail) for _ in range(streams)]
+    sizes = [l + (l > 0) * eos for _, l in corpus]
+    shard_tokens = [np.add.reduceat(s, np.cumsum(c) - c) for (c, _), s in zip(corpus, sizes)]
+    steps, budget = spec.budgets([int(t.sum()) for t in shard_tokens])
+    got = np.zeros(spec.n, np.int64)
+    given_total = 0
+    for s, ((counts, _), size) in enumerate(zip(corpus, sizes)):
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        layout = Layout(counts, shard_tokens[s], seed, f"s{s}", 0, spec.n)
+        lengths = lambda shards, st=starts, sz=size: [sz[st[k]:st[k + 1]] for k in shards]  # noqa: E731
+        ranges, tokens = cut_stream(layout, shard_tokens[s], budget[s], lengths, eos)
+        alone = cut_stream(layout, shard_tokens[s], budget[s], lengths, eos, [spec.n - 1])[0][0]
+        assert list(alone) == list(ranges[-1]) and alone.cut == ranges[-1].cut  # a worker's own two cuts
+        owner = np.zeros(int(sizes[s].sum()), np.int64)  # tokens of the stream, by record, with EOS
+        first = np.concatenate([[0], np.cumsum(size)])
+        for rs, t in zip(ranges, tokens):
+            held = 0
+            cut = trims(rs)
+            for shard, a, b in rs:
+                for r in range(a, b):
+                    i = starts[shard] + r
+                    lo, hi = cut.get((shard, r), (0, 0))
+                    hi = hi or int(size[i])
+                    assert 0 <= lo < hi <= size[i] or size[i] == 0
+                    owner[first[i] + lo : first[i] + hi] += 1
+                    held += max(hi - lo, 0)
+            assert held == t
+        assert owner.max(initial=0) <= 1  # no token twice
+        got += tokens
+        given_total += int(tokens.sum())
+    need = spec.batches(steps) * batch * seq_len
+    assert (got >= need).all()  # every worker fills its batches
+    whole = sum(int(t.sum()) for t in shard_tokens)
+    dropped = whole - int(need.sum())
+    assert 0 <= dropped <= world * batch * seq_len + 2 * streams * spec.n
+    if whole >= 1000 * (world * batch * seq_len + 2 * streams * spec.n):
+        assert dropped <= 0.001 * whole  # the 0.1% bound, where the pass is long enough for it
+
+
+def test_plan_of_a_worker_alone_equals_its_part(books):
+    ds = dataset(books, seq_len=32, cuts="tokens", world_size=2, rank=0)
+    plan = ds.pass_plan(0, workers_per_rank=3, batch_size=2)
+    other = dataset(books, seq_len=32, cuts="tokens", world_size=2, rank=0)
+    other.pass_plan(0, workers_per_rank=3, batch_size=2)  # sets the cut spec, like the loader
+    other.planner._ranges.clear()
+    for s in range(2):
+        for g in range(6):
+            alone = other.planner.worker_ranges(s, 0, 6, g)
+            assert list(alone) == list(plan.ranges[s][g]) and list(alone.cut) == plan.cuts[s][g]
+    assert SimpleNamespace(**plan.to_dict()).cuts == plan.cuts
