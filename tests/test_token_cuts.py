@@ -163,9 +163,10 @@ def test_cut_arithmetic(seed, world, workers, batch, seq_len, streams, tail, eos
     for s, ((counts, _), size) in enumerate(zip(corpus, sizes)):
         starts = np.concatenate([[0], np.cumsum(counts)])
         layout = Layout(counts, shard_tokens[s], seed, f"s{s}", 0, spec.n)
-        lengths = lambda shards, st=starts, sz=size: [sz[st[k]:st[k + 1]] for k in shards]  # noqa: E731
-        ranges, tokens = cut_stream(layout, shard_tokens[s], budget[s], lengths, eos)
-        alone = cut_stream(layout, shard_tokens[s], budget[s], lengths, eos, [spec.n - 1])[0][0]
+        ends = lambda shards, st=starts, sz=size: [  # noqa: E731
+            np.concatenate([[7], 7 + np.cumsum(sz[st[k]:st[k + 1]])]) for k in shards]  # sums need not start at 0
+        ranges, tokens = cut_stream(layout, shard_tokens[s], budget[s], ends, eos)
+        alone = cut_stream(layout, shard_tokens[s], budget[s], ends, eos, [spec.n - 1])[0][0]
         assert list(alone) == list(ranges[-1]) and alone.cut == ranges[-1].cut  # a worker's own two cuts
         owner = np.zeros(int(sizes[s].sum()), np.int64)  # tokens of the stream, by record, with EOS
         first = np.concatenate([[0], np.cumsum(size)])

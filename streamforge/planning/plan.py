@@ -107,8 +107,8 @@ def trim_ranges(ranges: list[Range], records: int) -> list[Range]:
             out.append((shard, start + drop, stop))
     if cut is None:
         return out
-    from .token_cuts import CutRanges  # token cuts: the first record's head goes with it
-    return CutRanges(out, (0 if skipped else cut[0], cut[1] if out else 0))
+    from .token_cuts import cut_ranges  # token cuts: the first record's head goes with it
+    return cut_ranges(out, (0 if skipped else cut[0], cut[1] if out else 0))
 
 
 # -- the plan of a pass ----------------------------------------------------------------------
@@ -225,8 +225,8 @@ class PassPlan(PassClock):
         data = dict(data)
         data["ranges"] = [[[tuple(r) for r in worker] for worker in stream] for stream in data["ranges"]]
         if data.get("cuts") is not None:
-            from .token_cuts import CutRanges
-            data["ranges"] = [[CutRanges(r, c) for r, c in zip(stream, cuts)]
+            from .token_cuts import cut_ranges
+            data["ranges"] = [[cut_ranges(r, c) for r, c in zip(stream, cuts)]
                               for stream, cuts in zip(data["ranges"], data["cuts"])]
         return cls(**data)
 

@@ -138,7 +138,7 @@ class Planner:
 
     def _plan_tokens(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
         eos = self.cut_eos[stream]
-        lengths = lambda shards: self.record_lengths(stream, shards, eos=eos)  # noqa: E731
+        lengths = lambda shards: self.record_ends_with_eos(stream, shards, eos)  # noqa: E731
         ranges, tokens = cut_stream(self.layout(stream, pass_idx, n), self.cut_shard_tokens(stream),
                                     self.cut_budgets()[stream], lengths, eos, workers)
         if workers is None:
@@ -320,6 +320,13 @@ class Planner:
             lengths = np.diff(tokens)
             out.append(lengths + np.diff(docs) if eos else lengths)
         return out
+
+    def record_ends_with_eos(self, stream: int, shards: Sequence[int], eos: bool) -> list[np.ndarray]:
+        """Running sums of each shard's record lengths, plus one per non-empty record with
+        ``eos`` (``token_cuts.EndsOf``), their indexes read in parallel."""
+        self.prefetch_indexes(stream, shards)
+        got = [self._prefix[(stream, k)] for k in shards]
+        return [tokens + docs for tokens, docs in got] if eos else [tokens for tokens, _ in got]
 
     def prefetch_indexes(self, stream: int, shards) -> None:
         """Read, in parallel, the record indexes of ``shards`` of a stream not read yet."""

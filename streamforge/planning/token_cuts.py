@@ -39,12 +39,15 @@ class CutRanges(list):
 
     cut: tuple[int, int] = (0, 0)
 
-    def __init__(self, ranges=(), cut: tuple[int, int] = (0, 0)) -> None:
-        super().__init__(ranges)
-        self.cut = (int(cut[0]), int(cut[1]))
-
     def __reduce__(self):
-        return (CutRanges, (list(self), self.cut))
+        return (cut_ranges, (list(self), self.cut))
+
+
+def cut_ranges(ranges, cut) -> CutRanges:
+    """``ranges`` as ``CutRanges`` with ``cut``."""
+    out = CutRanges(ranges)
+    out.cut = (int(cut[0]), int(cut[1]))
+    return out
 
 
 def cut_of(ranges) -> tuple[int, int] | None:
@@ -143,11 +146,12 @@ def cut_spec(dataset, workers_per_rank: int, batch_size) -> CutSpec:
 
 
 # -- cutting one stream ------------------------------------------------------------------------
-LengthsOf = Callable[[list], list]
-"""``lengths(shards)``: for each shard, its records' token counts with EOS (int arrays)."""
+EndsOf = Callable[[list], list]
+"""``ends(shards)``: for each shard, running sums of its records' token counts with EOS, one
+before its first record and one after each (they need not start at 0)."""
 
 
-def cut_stream(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, lengths: LengthsOf,
+def cut_stream(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, lengths: EndsOf,
                eos: bool, workers: Sequence[int] | None = None) -> tuple[list[CutRanges], np.ndarray]:
     """Cut one stream at the running sums of ``budget`` (tokens per global worker, with EOS).
 
@@ -164,14 +168,17 @@ def cut_stream(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, len
     lo = rec[lo_i]
     hi = np.where(empty, lo, rec[hi_i] + (off[hi_i] > 0))
     pieces = layout.between(lo, hi)
+    heads = np.where(empty, 0, off[lo_i]).tolist()
+    tails = np.where(empty, 0, off[hi_i]).tolist()
     out = []
-    for i, p in enumerate(pieces):
-        cut = (0, 0) if empty[i] else (int(off[lo_i[i]]), int(off[hi_i[i]]))
-        out.append(CutRanges(p, cut))
+    for p, h, t in zip(pieces, heads, tails):
+        r = CutRanges(p)
+        r.cut = (h, t)
+        out.append(r)
     return out, np.where(empty, 0, pos[hi_i] - pos[lo_i])
 
 
-def _locate(layout: Layout, shard_tokens: np.ndarray, targets: np.ndarray, lengths: LengthsOf,
+def _locate(layout: Layout, shard_tokens: np.ndarray, targets: np.ndarray, lengths: EndsOf,
             eos: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each token position ``targets`` as (record in the pass's order, token offset in it, the
     position itself after moving off an EOS)."""
@@ -193,11 +200,13 @@ def _locate(layout: Layout, shard_tokens: np.ndarray, targets: np.ndarray, lengt
     which = np.flatnonzero(~at_start)
     if len(which):
         shards, inverse = np.unique(j[which], return_inverse=True)
-        got = [np.asarray(x, np.int64) for x in lengths(layout.order[shards].tolist())]
-        count = np.array([len(x) for x in got], np.int64)
+        got = lengths(layout.order[shards].tolist())
+        count = np.array([len(x) - 1 for x in got], np.int64)
         first = np.cumsum(count) - count
-        bank = np.cumsum(np.concatenate(got)) if got else np.zeros(0, np.int64)
-        shift = np.where(first > 0, bank[np.maximum(first - 1, 0)], 0)
+        zero = np.array([int(x[0]) for x in got], np.int64)
+        size = np.array([int(x[-1]) for x in got], np.int64) - zero
+        shift = np.cumsum(size) - size  # each shard's place in the bank
+        bank = np.concatenate([x[1:] for x in got]).astype(np.int64) + np.repeat(shift - zero, count)
         glob = shift[inverse] + local[which]
         r = np.searchsorted(bank, glob, side="right") - first[inverse]  # records ending at or before
         r = np.clip(r, 0, count[inverse] - 1)
