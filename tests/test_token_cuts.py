@@ -100,21 +100,27 @@ def test_exact_resume_inside_cut_documents(books):
         assert_batches_equal(take(resumed), reference[cut + 1 :])
 
 
-@pytest.mark.parametrize("mode", ["elastic", "statistical"])
-def test_resume_on_another_topology(books, mode):
-    """Elastic: the rest of the pass re-planned over 3 workers, every token exactly once.
-    Statistical: each stream goes on at the same fraction; nothing twice after the resume."""
+@pytest.mark.parametrize("mode,at", [("elastic", 3), ("elastic", 10), ("elastic", 40), ("statistical", 10)])
+def test_resume_on_another_topology(books, mode, at):
+    """Elastic: the rest of the pass re-planned over 3 workers, every token exactly once, the
+    pieces of cut documents each read through their own cut, and every token delivered or
+    counted dropped. Statistical: each stream goes on at the same fraction; nothing twice after
+    the resume."""
     first = loader(dataset(books, provenance=True, seq_len=32, cuts="tokens"), num_workers=2, batch_size=2)
     it = iter(first)
-    head = [{k: v.clone() for k, v in next(it).items()} for _ in range(7)]
+    head = [{k: v.clone() for k, v in next(it).items()} for _ in range(at)]
     state = first.state_dict()
     it.close()
     resumed = loader(dataset(books, provenance=True, seq_len=32, cuts="tokens"), num_workers=3, batch_size=2)
     resumed.load_state_dict(state, mode="statistical" if mode == "statistical" else None)
     assert resumed.resume_report.mode == mode
+    rest = resumed.plan()
     tail = take(resumed)
     if mode == "elastic":
-        _exactly_once(books, np.concatenate([_pieces(head), _pieces(tail)]))
+        delivered = _exactly_once(books, np.concatenate([_pieces(head), _pieces(tail)]))
+        whole = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
+        assert delivered + resumed.stats()["dropped_tokens"] == whole
+        assert any("trims" in u for s in rest.windows for w in s for u in w)  # pieces of cut documents
     else:
         _exactly_once(books, _pieces(tail))
 

@@ -210,14 +210,15 @@ class PassPlan(PassClock):
         per_batch, switches = self.batch_size * self.seq_len, 0
         if self.shape is not None:
             per_batch, switches = largest_batch_tokens(*self.schedules(), self.first_step, max(self.steps, 1))
-        return sum(t - low for t in self.tokens) + self.num_global_workers * per_batch * (1 + switches)
+        spread = sum(t - low for t in self.tokens) + sum(self.unassigned or ())  # (an elastic rest of a token-cut pass)
+        return spread + self.num_global_workers * per_batch * (1 + switches)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["ranges"] = [[[list(r) for r in worker] for worker in stream] for stream in self.ranges]
-        if self.cuts is None:
-            out.pop("cuts")
-            out.pop("unassigned")
+        for key in ("cuts", "unassigned"):
+            if out[key] is None:
+                out.pop(key)
         return out
 
     @classmethod

@@ -24,7 +24,7 @@ from .layout import Layout
 from .plan import PassPlan, Range, build_pass_plan, records_at, trim_ranges
 from .readings import count as reading_count, plan_readings, reading_cut_shards
 from .shared import shared_counts
-from .token_cuts import CutSpec, cut_range_tokens, cut_stream
+from .token_cuts import CutSpec, assigned_end, cut_range_tokens, cut_stream
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -42,7 +42,8 @@ class Planner:
         self.seed = int(seed)
         self._sources = sources  # callable: stream index -> ShardSource, for index reads
         # token cuts (``token_cuts.py``): what they are made for, and which streams get an EOS
-        self.cut_spec: CutSpec | None = None
+        self.cut_spec: CutSpec | None = None  # the last one set
+        self.cut_specs: dict[int, CutSpec] = {}  # by number of global workers
         self.cut_eos: list[bool] = [False] * len(self.names)
         self._reset()
 
@@ -106,17 +107,23 @@ class Planner:
         return cached
 
     def set_token_cuts(self, spec: CutSpec | None, eos_appended: Sequence[bool]) -> None:
-        """Cut passes for ``spec``'s topology at token positions (``token_cuts.py``); None:
-        at record boundaries. Plans made before for another setting are dropped."""
-        eos = [bool(e) for e in eos_appended]
-        if spec != self.cut_spec or eos != self.cut_eos:
-            self.cut_spec, self.cut_eos = spec, eos
-            self._ranges.clear()
-            self._worker_ranges.clear()
-            self._cut.clear()
+        """Cut the passes of ``spec``'s topology at token positions (``token_cuts.py``); a
+        topology without a spec is cut at record boundaries. Plans made before for another
+        spec of as many global workers are dropped."""
+        self.cut_eos = [bool(e) for e in eos_appended]
+        if spec is None or self.cut_specs.get(spec.n) == spec:
+            return
+        n = spec.n
+        self.cut_specs[n] = spec
+        self.cut_spec = spec
+        for cache in (self._ranges, self._worker_ranges):
+            for key in [k for k in cache if k[2] == n]:
+                del cache[key]
+        for key in [k for k in self._cut if k[0] != "shard_tokens"]:
+            del self._cut[key]
 
     def _token_cut(self, n: int) -> bool:
-        return self.cut_spec is not None and self.cut_spec.n == n and all(r == 1.0 for r in self.repeats)
+        return n in self.cut_specs and all(r == 1.0 for r in self.repeats)
 
     def cut_shard_tokens(self, stream: int) -> np.ndarray:
         """Each shard's tokens with the EOS the pipeline appends (token cuts' unit)."""
@@ -129,21 +136,35 @@ class Planner:
             self._cut[key] = np.asarray(tokens, np.int64) + extra
         return self._cut[key]
 
-    def cut_budgets(self) -> np.ndarray:
-        """``[s][g]``: tokens of stream ``s`` global worker ``g`` gets under token cuts."""
-        if "budgets" not in self._cut:
+    def cut_budgets(self, n: int) -> np.ndarray:
+        """``[s][g]``: tokens of stream ``s`` global worker ``g`` of ``n`` gets under token cuts."""
+        if ("budgets", n) not in self._cut:
             totals = [int(self.cut_shard_tokens(s).sum()) for s in range(len(self.names))]
-            self._cut["budgets"] = self.cut_spec.budgets(totals)[1]
-        return self._cut["budgets"]
+            self._cut[("budgets", n)] = self.cut_specs[n].budgets(totals)[1]
+        return self._cut[("budgets", n)]
 
     def _plan_tokens(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
         eos = self.cut_eos[stream]
         lengths = lambda shards: self.record_ends_with_eos(stream, shards, eos)  # noqa: E731
         ranges, tokens = cut_stream(self.layout(stream, pass_idx, n), self.cut_shard_tokens(stream),
-                                    self.cut_budgets()[stream], lengths, eos, workers)
+                                    self.cut_budgets(n)[stream], lengths, eos, workers)
         if workers is None:
             self._cut[("tokens", stream, pass_idx, n)] = tokens
         return ranges
+
+    def cut_unassigned(self, pass_idx: int, n: int) -> list[int] | None:
+        """Per stream, the tokens of ``pass_idx`` that token cuts for ``n`` global workers give
+        no worker (None where that topology is cut at records)."""
+        if not self._token_cut(n):
+            return None
+        out = []
+        for s in range(len(self.names)):
+            eos = self.cut_eos[s]
+            lengths = lambda shards, s=s, eos=eos: self.record_ends_with_eos(s, shards, eos)  # noqa: E731
+            tokens = self.cut_shard_tokens(s)
+            end = assigned_end(self.layout(s, pass_idx, n), tokens, self.cut_budgets(n)[s], lengths, eos)
+            out.append(int(tokens.sum()) - end)
+        return out
 
     def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
         if self._token_cut(n):

@@ -178,6 +178,13 @@ def cut_stream(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, len
     return out, np.where(empty, 0, pos[hi_i] - pos[lo_i])
 
 
+def assigned_end(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, lengths: EndsOf, eos: bool) -> int:
+    """Where the last worker's share of a stream ends (its last cut, moved past an EOS): the
+    tokens from there on are the pass's unassigned rest."""
+    end = np.array([int(np.asarray(budget, np.int64).sum())], np.int64)
+    return int(_locate(layout, np.asarray(shard_tokens, np.int64), end, lengths, eos)[2][0])
+
+
 def _locate(layout: Layout, shard_tokens: np.ndarray, targets: np.ndarray, lengths: EndsOf,
             eos: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each token position ``targets`` as (record in the pass's order, token offset in it, the

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError, ResumeMismatchError
 from .base import check_state
+from .cut_source import cut_view
 from .read import ReaderState, ShardReader
 from .runs import DocRun
 from .window import Window
@@ -145,6 +146,12 @@ class ShuffleBuffer:
         """The saved window's rest emitted as window ``window`` (< 0) of ``pass_idx``."""
         return self.windows_for(pass_idx)[window - self._first_window(pass_idx)]
 
+    def unit_source(self, unit: dict):
+        """The shards a saved window's rest is read from: through its own ``trims`` where it
+        holds pieces of documents cut between workers (``resume/cut_work.py``)."""
+        trims = {(int(s), int(r)): (int(lo), int(hi)) for s, r, lo, hi in unit.get("trims", ())}
+        return cut_view(self.source.source, trims)
+
     def _first_window(self, pass_idx: int) -> int:
         """-k when the pass starts with k saved windows' rests, else 0."""
         return -len(self.windows_for(pass_idx))
@@ -196,7 +203,7 @@ class ShuffleBuffer:
         the window's end either way (a ``unit`` leaves it alone).
         """
         reading = unit is None
-        reader, shards = self.source, self.source.source
+        reader, shards = self.source, self.source.source if unit is None else self.unit_source(unit)
         size = self.window_size()
         ranges = reader.peek_ranges(size) if reading else [tuple(r) for r in unit["ranges"]]
         if reading and skip == 0:
