@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from helpers.pipeline import assert_batches_equal, dataset, loader, random_docs, take, write_stream
 from streamforge.errors import ConfigError
+from streamforge.ledger.report import check
+from streamforge.ledger.store import read_ledger
 from streamforge.planning.layout import Layout
 from streamforge.planning.plan import PassPlan
 from streamforge.planning.token_cuts import CutSpec, cut_stream, trims
@@ -123,6 +125,50 @@ def test_resume_on_another_topology(books, mode, at):
         assert any("trims" in u for s in rest.windows for w in s for u in w)  # pieces of cut documents
     else:
         _exactly_once(books, _pieces(tail))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_ledger_checks_a_token_cut_pass(books, tmp_path, workers):
+    """The ledger proves the pass exactly once, every record reached, and the tokens not
+    delivered are the plan's dropped ones, under one global step."""
+    ldr = loader(dataset(books, provenance=True, seq_len=32, cuts="tokens"), num_workers=workers,
+                 ledger_dir=str(tmp_path / "ledger"))
+    batches = take(ldr)
+    ledger = read_ledger(str(tmp_path / "ledger"))
+    report = check(ledger, {n: m for n, m in zip(ldr.dataset.stream_names, ldr.dataset.manifests)})
+    assert report["ok"], report["problems"]
+    (p,) = report["passes"]
+    assert p["complete"] and p["delivered_tokens"] == sum(int((b["doc_ids"] >= 0).sum()) for b in batches)
+    assert p["not_delivered_tokens"] == p["dropped_tokens"] == ldr.stats()["dropped_tokens"] <= p["drop_bound"]
+    assert p["dropped_tokens"] <= 2 * 32 + 2 * 2 * max(workers, 1)
+    for name, counts in p["records_never_reached"].items():
+        assert counts["never_reached"] == 0, name
+
+
+def test_infinite_passes_drop_nothing(books):
+    """infinite=True: each stream cut at its token quantiles, nothing left over; a worker's
+    pass runs on into the next, so every token of pass 0 comes out before pass 1 ends."""
+    ds = dataset(books, provenance=True, seq_len=32, cuts="tokens", infinite=True)
+    ldr = loader(ds, num_workers=2, batch_size=2)
+    plan = ldr.plan()
+    assert sum(plan.unassigned) == 0 and plan.dropped_tokens() <= 2 * 2 * 32 + 2 * 2 * 2
+    whole = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
+    assert sum(plan.tokens) == whole
+    batches = take(ldr, 2 * whole // (2 * 32) + 10)
+    segs = np.concatenate([b["segments"].numpy().reshape(-1, 5) for b in batches])
+    assert not ldr.stats().get("dropped_tokens")
+    first = segs[(segs[:, 0] >= 0)]
+    pass0 = {}
+    for stream, shard, record, start, length in first.tolist():
+        pass0.setdefault((stream, shard, record), set()).update(range(start, start + length))
+    names = list(books)
+    from streamforge.source import ShardSource
+    for s, name in enumerate(names):
+        src = ShardSource.open(books[name][0])
+        for shard in range(src.manifest.num_shards):
+            for r, n in enumerate(src.index(shard).records["num_tokens"].tolist()):
+                if n:
+                    assert pass0.get((s, shard, r), set()) >= set(range(n + 1)), (name, shard, r)
 
 
 def test_refusals(books):
