@@ -296,3 +296,44 @@ def test_torchrun_finite_pass_delivers_every_token(tmp_path):
     print(f"torchrun 2 ranks x 2 workers, {whole:,} tokens: dropped {figures['records']:,} "
           f"({figures['records'] / whole:.3%}) with record cuts, {figures['tokens']:,} "
           f"({figures['tokens'] / whole:.3%}) with token cuts")
+
+
+@pytest.mark.parametrize("world,per_rank", [(2, 1), (4, 3), (8, 8)])
+def test_shared_token_cuts_equal_the_plan_alone(world, per_rank):
+    """Ranks computing the token cuts together (``planning/shared_cuts.py``) make the plan each
+    makes alone, bit for bit, each reading the record indexes of its own cuts only."""
+    import threading
+
+    from streamforge.planning.planner import Planner
+    from test_plan_fast import _manifest
+    from test_plan_shared import _corpus, _Counting, _Share
+
+    streams = _corpus(world * per_rank)
+    names = [f"s{i}" for i in range(len(streams))]
+    manifests = [_manifest(x) for x in streams]
+    spec = CutSpec(world, per_rank, 2, 64)
+    kw = dict(world_size=world, workers_per_rank=per_rank, batch_size=2, seq_len=64, packing="concat",
+              eos_appended=[True] * len(streams))
+    board, barrier = [None] * world, threading.Barrier(world)
+    plans, reads = [None] * world, [0] * world
+
+    def planner(sources):
+        p = Planner(names, manifests, seed=4, sources=sources.__getitem__)
+        p.set_token_cuts(spec, [True] * len(streams))
+        return p
+
+    def rank(r):
+        sources = [_Counting(x) for x in streams]
+        plans[r] = planner(sources).pass_plan(1, share=_Share(r, world, board, barrier), **kw)
+        reads[r] = sum(len(set(s.read)) for s in sources)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    alone_sources = [_Counting(x) for x in streams]
+    alone = planner(alone_sources).pass_plan(1, **kw)
+    assert alone.cuts is not None and all(p == alone for p in plans)
+    assert all(p.to_dict() == alone.to_dict() for p in plans)
+    assert max(reads) <= (per_rank + 1) * len(streams)

@@ -157,25 +157,36 @@ def cut_stream(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, len
 
     ``shard_tokens``: each shard's tokens with EOS (by shard id). Returns each worker's (all,
     or ``workers``') ``CutRanges`` and its tokens with EOS (after cuts moved past an EOS)."""
-    ends = np.concatenate([[0], np.cumsum(np.asarray(budget, np.int64))])
     ws = np.arange(layout.n) if workers is None else np.asarray(list(workers), np.int64)
     ks = np.unique(np.concatenate([ws, ws + 1]))
-    rec, off, pos = _locate(layout, np.asarray(shard_tokens, np.int64), ends[ks], lengths, eos)
+    rec, off, pos = cut_points(layout, shard_tokens, budget, lengths, eos, ks)
     at = {int(k): i for i, k in enumerate(ks.tolist())}
-    lo_i = np.array([at[int(g)] for g in ws.tolist()], np.int64)
-    hi_i = np.array([at[int(g) + 1] for g in ws.tolist()], np.int64)
-    empty = pos[hi_i] <= pos[lo_i]
-    lo = rec[lo_i]
-    hi = np.where(empty, lo, rec[hi_i] + (off[hi_i] > 0))
-    pieces = layout.between(lo, hi)
-    heads = np.where(empty, 0, off[lo_i]).tolist()
-    tails = np.where(empty, 0, off[hi_i]).tolist()
+    lo = np.array([at[int(g)] for g in ws.tolist()], np.int64)
+    hi = np.array([at[int(g) + 1] for g in ws.tolist()], np.int64)
+    return between_cuts(layout, rec[lo], off[lo], pos[lo], rec[hi], off[hi], pos[hi])
+
+
+def cut_points(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, lengths: EndsOf, eos: bool,
+               ks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cuts ``ks`` (0..N) of a stream: (record in the pass's order, token offset in it, token
+    position after moving off an EOS), each computed on its own."""
+    ends = np.concatenate([[0], np.cumsum(np.asarray(budget, np.int64))])
+    return _locate(layout, np.asarray(shard_tokens, np.int64), ends[np.asarray(ks, np.int64)], lengths, eos)
+
+
+def between_cuts(layout: Layout, rec_lo, off_lo, pos_lo, rec_hi, off_hi, pos_hi) -> tuple[list[CutRanges], np.ndarray]:
+    """Each worker's ``CutRanges`` between its two cuts, and its tokens."""
+    empty = pos_hi <= pos_lo
+    hi = np.where(empty, rec_lo, rec_hi + (off_hi > 0))
+    pieces = layout.between(rec_lo, hi)
+    heads = np.where(empty, 0, off_lo).tolist()
+    tails = np.where(empty, 0, off_hi).tolist()
     out = []
     for p, h, t in zip(pieces, heads, tails):
         r = CutRanges(p)
         r.cut = (h, t)
         out.append(r)
-    return out, np.where(empty, 0, pos[hi_i] - pos[lo_i])
+    return out, np.where(empty, 0, pos_hi - pos_lo)
 
 
 def assigned_end(layout: Layout, shard_tokens: np.ndarray, budget: np.ndarray, lengths: EndsOf, eos: bool) -> int:
