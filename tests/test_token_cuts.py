@@ -172,7 +172,33 @@ def test_infinite_passes_drop_nothing(books):
                     assert pass0.get((s, shard, r), set()) >= set(range(n + 1)), (name, shard, r)
 
 
+def test_chained_elastic_resumes(books):
+    """2 -> 3 -> 1 workers: the second resume reads the first's saved work, pieces and the
+    pass's rest included: every token once, delivered or counted dropped."""
+    ds = lambda: dataset(books, provenance=True, seq_len=32, cuts="tokens")  # noqa: E731
+    first = loader(ds(), num_workers=2, batch_size=2)
+    it = iter(first)
+    head = [{k: v.clone() for k, v in next(it).items()} for _ in range(5)]
+    state = first.state_dict()
+    it.close()
+    second = loader(ds(), num_workers=3, batch_size=2)
+    second.load_state_dict(state)
+    it = iter(second)
+    middle = [{k: v.clone() for k, v in next(it).items()} for _ in range(20)]
+    state = second.state_dict()
+    it.close()
+    third = loader(ds(), num_workers=1, batch_size=2)
+    third.load_state_dict(state)
+    assert third.resume_report.mode == "elastic"
+    tail = take(third)
+    delivered = _exactly_once(books, np.concatenate([_pieces(head), _pieces(middle), _pieces(tail)]))
+    whole = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
+    assert delivered + third.stats()["dropped_tokens"] == whole
+
+
 def test_refusals(books):
+    with pytest.raises(ConfigError, match="batch_size"):
+        loader(dataset(books, cuts="tokens"), batch_size=[(0, 1), (5, 2)]).plan()
     with pytest.raises(ConfigError, match="cuts"):
         dataset(books, cuts="bytes")
     with pytest.raises(ConfigError, match="concat"):
