@@ -231,9 +231,14 @@ def test_cut_arithmetic(seed, world, workers, batch, seq_len, streams, tail, eos
     """Over random topologies and heavy-tailed corpora: every token (EOS included) of every
     stream goes to at most one worker, each worker gets at least its batches' tokens, and what
     the pass drops is at most one global step plus two tokens per stream and global worker."""
+    _check_cuts(seed, world, workers, batch, seq_len, streams, tail, eos)
+
+
+def _check_cuts(seed, world, workers, batch, seq_len, streams, tail, eos, big=False):
     rng = np.random.default_rng(seed)
     spec = CutSpec(world, workers, batch, seq_len)
-    corpus = [_stream(rng, int(rng.integers(1, 40)), int(rng.integers(5, 400)), tail) for _ in range(streams)]
+    shards, mean = ((200, 400), (100, 400)) if big else ((1, 40), (5, 400))
+    corpus = [_stream(rng, int(rng.integers(*shards)), int(rng.integers(*mean)), tail) for _ in range(streams)]
     sizes = [l + (l > 0) * eos for _, l in corpus]
     shard_tokens = [np.add.reduceat(s, np.cumsum(c) - c) for (c, _), s in zip(corpus, sizes)]
     steps, budget = spec.budgets([int(t.sum()) for t in shard_tokens])
@@ -271,6 +276,16 @@ def test_cut_arithmetic(seed, world, workers, batch, seq_len, streams, tail, eos
     assert 0 <= dropped <= world * batch * seq_len + 2 * streams * spec.n
     if whole >= 1000 * (world * batch * seq_len + 2 * streams * spec.n):
         assert dropped <= 0.001 * whole  # the 0.1% bound, where the pass is long enough for it
+    return whole, dropped
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), world=st.integers(1, 3), workers=st.integers(1, 3), streams=st.integers(1, 3),
+       tail=st.floats(0.8, 3.0))
+def test_cut_arithmetic_on_long_passes(seed, world, workers, streams, tail):
+    """The same property where every pass holds thousands of steps: dropped <= 0.1% of it."""
+    whole, dropped = _check_cuts(seed, world, workers, 1, 8, streams, tail, True, big=True)
+    assert whole >= 1000 * (world * 8 + 2 * streams * world * workers) and dropped <= 0.001 * whole
 
 
 def test_plan_of_a_worker_alone_equals_its_part(books):
