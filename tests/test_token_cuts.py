@@ -124,6 +124,8 @@ def test_resume_on_another_topology(books, mode, at):
         whole = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
         assert delivered + resumed.stats()["dropped_tokens"] == whole
         assert any("trims" in u for s in rest.windows for w in s for u in w)  # pieces of cut documents
+        # the rest is re-planned at token positions too: it drops about a step, not documents
+        assert resumed.stats()["dropped_tokens"] <= 2 * (2 * 32)
     else:
         _exactly_once(books, _pieces(tail))
 

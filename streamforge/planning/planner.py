@@ -26,7 +26,7 @@ from .readings import count as reading_count, plan_readings, reading_cut_shards
 from .shared import shared_counts
 from .shared_cuts import share_token_cuts
 from .cut_planner import TokenCutPlanning
-from .token_cuts import CutSpec
+from .token_cuts import CutSpec, cut_ranges
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
@@ -379,7 +379,9 @@ def worker_work(planner: "Planner", stream: int, num_global: int, g: int, pass_i
     ``pass_idx``, the plan's ranges (and no saved windows) in every other pass."""
     def ranges_for(p: int) -> list[Range]:
         if assigned is not None and p == pass_idx:
-            return [tuple(r) for r in assigned[stream][0][g]]
+            got = assigned[stream][0][g]
+            cut = getattr(got, "cut", None)  # token cuts: a piece of a document at either end
+            return [tuple(r) for r in got] if cut is None else cut_ranges([tuple(r) for r in got], cut)
         return planner.worker_ranges(stream, p, num_global, g)
 
     def windows_for(p: int) -> list:

@@ -74,10 +74,19 @@ def use_loader_cuts(dataset, loader) -> None:
         dataset.planner.set_token_cuts(cut_spec(dataset, loader.num_logical, loader.batch_sizes), dataset.eos_appended)
 
 
-def pass_unassigned(dataset, state: dict, previous: dict | None) -> list[int] | None:
+def pass_unassigned(dataset, state: dict) -> list[int] | None:
     """Per stream, the tokens of the saved pass its plan gave no worker (token cuts): carried
     into the work left, so the re-planned rest of the pass still counts them as dropped."""
-    if previous:
-        return previous.get("unassigned")
     n = int(state["world_size"]) * int(state["workers_per_rank"])
     return dataset.planner.cut_unassigned(int(state["pass"]), n)
+
+
+def rest_unassigned(dataset, work: dict, assigned, work_tokens: list[int]) -> list[int] | None:
+    """Per stream, the tokens of the saved pass no worker of the re-plan reads: the saved
+    plan's rest, and under token cuts what the re-plan's steps cannot take (``work_tokens``:
+    the work's tokens per stream)."""
+    carried = work.get("unassigned")
+    if getattr(dataset.config, "cuts", "records") != "tokens":
+        return carried
+    left = [int(w) - int(a[2].sum()) for w, a in zip(work_tokens, assigned)]
+    return [x + int(c) for x, c in zip(left, carried or [0] * len(left))]

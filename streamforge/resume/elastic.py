@@ -36,7 +36,8 @@ from ..planning.plan import PassPlan, Range, plan_shape, steps_for, worker_rows
 from ..planning.steps import StepSchedule
 from ..planning.planner import worker_work
 from ..planning.readings import count as reading_count
-from .cut_work import pass_unassigned, split_cut_records, use_saved_cuts
+from .cut_replan import assign_token_work
+from .cut_work import pass_unassigned, rest_unassigned, split_cut_records, use_saved_cuts
 from .probes import buffer_work_left
 from .state import order_config, saved_workers
 
@@ -74,7 +75,10 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
         s["ranges"] = _merge(sorted(s["ranges"]))
         s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))
     out = {"pass": pass_idx, "streams": streams}
-    unassigned = pass_unassigned(dataset, state, previous)
+    if previous:  # a resumed pass: what its own re-plan gave no worker
+        unassigned = rest_unassigned(dataset, previous, assigned, work_tokens(dataset, previous))
+    else:
+        unassigned = pass_unassigned(dataset, state)
     if unassigned is not None:  # token cuts: what the saved pass's plan gave no worker
         out["unassigned"] = unassigned
     return out
@@ -113,6 +117,10 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, 
     ranges cut at exact token quantiles, then each window's rest to the worker with the fewest
     tokens so far (largest first; deterministic)."""
     check_work(dataset, work)
+    by_tokens = getattr(dataset.config, "cuts", "records") == "tokens"
+    spec = dataset.planner.cut_specs.get(num_global) if by_tokens else None
+    if spec is not None:  # token cuts: the rest of the pass cut at token positions too
+        return assign_token_work(dataset, work, spec)
     out = []
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
@@ -219,7 +227,7 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,
         packing=cfg.packing, streams=list(dataset.stream_names), ranges=[a[0] for a in assigned], tokens=tokens,
         rows=rows, steps=steps, first_step=first_step, windows=[a[1] for a in assigned],
-        unassigned=work.get("unassigned"), **plan_shape(batch, seq, first_step),
+        unassigned=rest_unassigned(dataset, work, assigned, work_tokens(dataset, work)), **plan_shape(batch, seq, first_step),
     )
 
 
