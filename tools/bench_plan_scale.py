@@ -36,7 +36,8 @@ max/mean over global workers per stream and overall (tokens with EOS), the share
 stream's tokens the pass drops (``PassPlan.dropped_tokens()``'s arithmetic, worker by worker),
 whether the 1.01 target holds where a stream has at least 4x more records than workers, steps
 per pass recomputed in separate processes for a sample of ranks, and the packed global state
-size. Then: plan time against shards (``--shard-sweep``: the same records over more shards, at
+size; then the same plan with token cuts (``cuts="tokens"``, ``scale_cuts.py``): its time, the
+imbalance and dropped share per stream, the tokens dropped and the drop bound. Then: plan time against shards (``--shard-sweep``: the same records over more shards, at
 ``--sweep-topology``); the record-index GETs a rank makes to plan, alone and shared, and the
 job's requests before its first batch; requests per GB of a pass and GET/s per stream prefix
 at ``--rank-tokens-s`` per read-ahead setting (``scale_requests.py``). Figures go to the ``plan-scale`` section of
