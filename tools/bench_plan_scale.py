@@ -36,7 +36,8 @@ max/mean over global workers per stream and overall (tokens with EOS), the share
 stream's tokens the pass drops (``PassPlan.dropped_tokens()``'s arithmetic, worker by worker),
 whether the 1.01 target holds where a stream has at least 4x more records than workers, steps
 per pass recomputed in separate processes for a sample of ranks, and the packed global state
-size. Then: plan time against shards (``--shard-sweep``: the same records over more shards, at
+size; then the same plan with token cuts (``cuts="tokens"``, ``scale_cuts.py``): its time, the
+imbalance and dropped share per stream, the tokens dropped and the drop bound. Then: plan time against shards (``--shard-sweep``: the same records over more shards, at
 ``--sweep-topology``); the record-index GETs a rank makes to plan, alone and shared, and the
 job's requests before its first batch; requests per GB of a pass and GET/s per stream prefix
 at ``--rank-tokens-s`` per read-ahead setting (``scale_requests.py``). Figures go to the ``plan-scale`` section of
@@ -70,6 +71,7 @@ from streamforge.format.manifest import Manifest, shard_name  # noqa: E402
 from streamforge.planning.plan import trim_ranges  # noqa: E402
 from streamforge.planning.planner import Planner  # noqa: E402
 from streamforge.resume.state import pack_state  # noqa: E402
+from scale_cuts import cut_figures, cut_lines, set_cuts  # noqa: E402
 from scale_requests import (dropped_shares, notes, pass_requests, plot, requests_lines,  # noqa: E402
                             shard_sweep, startup_lines, startup_reads, sweep_lines)
 
@@ -144,13 +146,15 @@ def plan_kwargs(world: int, workers: int, n_streams: int) -> dict:
 
 
 # -- plan time, imbalance ----------------------------------------------------------------------
-def time_plan(corpus: Corpus, world: int, workers: int, repeats: int):
+def time_plan(corpus: Corpus, world: int, workers: int, repeats: int, cuts: bool = False):
     """(seconds per repeat, CPU seconds per repeat, index reads of one plan, the last plan and
-    its planner)."""
+    its planner); ``cuts``: with token cuts."""
     seconds, cpu, plan, planner = [], [], None, None
     for _ in range(repeats):
         corpus.reset_reads()
         planner = corpus.planner()
+        if cuts:
+            set_cuts(planner, world, workers, BATCH, SEQ_LEN, len(corpus.streams))
         start, start_cpu = time.perf_counter(), time.process_time()
         plan = planner.pass_plan(0, **plan_kwargs(world, workers, len(corpus.streams)))
         seconds.append(time.perf_counter() - start)
@@ -348,7 +352,9 @@ def run(args) -> dict:
         n = world * workers
         applies = [int(m.num_records) >= RECORDS_PER_WORKER * n for m in corpus.manifests]
         agree = agreement(corpus, world, workers, args.agree_ranks)
-        rows.append({
+        cut_s, cut_cpu, _, cut_plan, _ = time_plan(corpus, world, workers, args.repeats, cuts=True)
+        cuts = dict(cut_figures(cut_plan), plan_s=median(cut_s), plan_cpu=median(cut_cpu))
+        rows.append({"cuts": cuts,
             "topology": f"{world}x{workers}", "workers": n, "plan_s": median(seconds), "plan_cpu": median(cpu),
             "reads": reads, "dropped": dropped, "startup": startup_reads(corpus.manifests, NAMES, world, workers),
             "imbalance": per_stream, "overall": overall, "applies": applies,
@@ -443,6 +449,7 @@ def section(res: dict, command: str) -> str:
         "",
         *table(res),
         "",
+        *cut_lines(res["rows"], names),
         *sweep_lines(res),
         "Start-up, from the planner: the record-index GETs a rank makes to plan pass 0 computing the plan "
         "alone (every shard a cut falls in; every rank did) and shared (`planning/shared.py`: each rank its own "

@@ -253,7 +253,7 @@ def notes(res: dict, NAMES, TARGET_IMBALANCE) -> list[str]:  # noqa: N803 - the 
                 "record at each of its two cuts, and one long document of a heavy-tailed stream is more than 1% "
                 "of a worker's share once workers are many (code: lognormal sigma 1.2 over 4.5M records, "
                 "so documents of several hundred thousand tokens; books: about 200 records per worker at "
-                "512 workers). Cutting inside documents would remove it; the plan cuts at records."]
+                "512 workers). Token cuts (`cuts=\"tokens\"`, the second table) cut inside documents and remove it."]
     el = res["elastic"]
     out += ["", f"Elastic: the saved work lists each saved worker's window rest as one entry (its record "
             f"ranges, shuffle key, position and the tokens it holds), {el['windows']:,} entries for "

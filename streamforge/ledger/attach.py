@@ -17,7 +17,8 @@ def plan_summary(plan) -> dict[str, Any]:
         "pass": plan.pass_idx, "first_step": plan.first_step, "steps": plan.steps,
         "world_size": plan.world_size, "workers_per_rank": plan.workers_per_rank,
         "batch_size": plan.batch_size, "seq_len": plan.seq_len, "packing": plan.packing,
-        "tokens": int(sum(plan.tokens)), "dropped_tokens": plan.dropped_tokens(), "drop_bound": plan.drop_bound(),
+        # the pass's tokens, with those token cuts give no worker (``PassPlan.unassigned``)
+        "tokens": int(sum(plan.tokens)) + sum(getattr(plan, "unassigned", None) or ()), "dropped_tokens": plan.dropped_tokens(), "drop_bound": plan.drop_bound(),
     }
 
 

@@ -242,7 +242,8 @@ class StreamingLoader:
         """``(pass, first step, tokens dropped)`` once this pass ends: the next pass and its
         first step, and this rank's tokens of this pass that no full step holds."""
         plan = self.plan()
-        dropped = max(0, plan.rank_tokens(self.dataset.rank) - self.clock.pass_tokens)
+        rank = self.dataset.rank  # token cuts: what no worker was given counts on rank 0
+        dropped = max(0, plan.rank_tokens(rank) - self.clock.pass_tokens) + plan.rank_unassigned(rank)
         return self.clock.pass_idx + 1, self.clock.first_step + plan.steps, dropped
 
     def _end_pass(self) -> None:

@@ -77,6 +77,7 @@ class PipelineConfig:
     infinite: bool
     provenance: bool
     bestfit_window: int
+    cuts: str = "records"  # where the plan cuts a stream: record boundaries or token positions
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:

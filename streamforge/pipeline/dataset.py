@@ -33,6 +33,7 @@ from ..planning.readings import reading_manifest
 from ..planning.schedule import MixtureSchedule
 from ..planning.steps import JobTokens, StepSchedule
 from ..resume.state import saved_config
+from ..planning.token_cuts import check_cuts, cut_spec
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher
 from ..topology import Topology
@@ -61,6 +62,11 @@ class PackedTokenDataset(IterableDataset):
         eos_id: the token appended to documents that lack one (default: the manifests').
         pad_id: the token of padding positions.
         infinite: passes follow each other without end, each stream on its own.
+        cuts: ``"records"`` (default): the plan cuts each stream at record boundaries, and a
+            finite pass drops what a worker holds past its last full batch; ``"tokens"``:
+            at token positions inside documents, so every worker holds the tokens of its
+            batches and a finite pass drops less than one global step (concat packing, one
+            batch size and seq_len; ``planning/token_cuts.py``).
         rank, world_size: the data-parallel topology (default: torch.distributed's, else
             ``RANK``/``WORLD_SIZE``, else 0 of 1; ``streamforge.topology``).
         mesh, dp_dims: a hybrid-parallel job's ``DeviceMesh`` and the names of its
@@ -115,6 +121,7 @@ class PackedTokenDataset(IterableDataset):
         anneal: Any = None,
         evaluation: bool = False,
         eval_tokens: int | None = None,
+        cuts: str = "records",
     ) -> None:
         shuffle, pack = _settings(shuffle, packing, shuffle_buffer, shuffle_warmup, bestfit_window)
         packing = pack.mode
@@ -151,8 +158,9 @@ class PackedTokenDataset(IterableDataset):
             shuffle_warmup=whole("shuffle_warmup", shuffle.warmup, 0),
             packing=packing, boundary=boundary, eos_id=eos, pad_id=whole("pad_id", pad_id, 0),
             infinite=bool(infinite), provenance=bool(provenance),
-            bestfit_window=whole("bestfit_window", pack.bestfit_window, 1),
+            bestfit_window=whole("bestfit_window", pack.bestfit_window, 1), cuts=cuts,
         )
+        check_cuts(cuts, packing, self.seq_lens.constant is None)
         self._check_token_ids()
         if self.config.infinite:
             _refuse_empty_streams(self.streams, self.manifests)
@@ -237,6 +245,8 @@ class PackedTokenDataset(IterableDataset):
         has one pass, the same every time (``evaluation.EvalPlan``). With ``share`` and a
         process group, the ranks compute it together, each reading only its own cuts' record
         indexes (``planning/shared.py``): every rank must then ask at the same point."""
+        if self.config.cuts == "tokens" and not self.evaluation:
+            self.planner.set_token_cuts(cut_spec(self, workers_per_rank, batch_size), self.eos_appended)
         if self.evaluation:
             return build_eval_plan(
                 self.planner, eos_appended=self.eos_appended, world_size=self.world_size,

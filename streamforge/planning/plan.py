@@ -99,12 +99,16 @@ def records_at(ranges: list[Range], fraction: float) -> int:
 def trim_ranges(ranges: list[Range], records: int) -> list[Range]:
     """``ranges`` without their first ``records`` records (the work left after a cursor)."""
     out: list[Range] = []
+    cut, skipped = getattr(ranges, "cut", None), records > 0
     for shard, start, stop in ranges:
         drop = min(records, stop - start)
         records -= drop
         if start + drop < stop:
             out.append((shard, start + drop, stop))
-    return out
+    if cut is None:
+        return out
+    from .token_cuts import cut_ranges  # token cuts: the first record's head goes with it
+    return cut_ranges(out, (0 if skipped else cut[0], cut[1] if out else 0))
 
 
 # -- the plan of a pass ----------------------------------------------------------------------
@@ -162,6 +166,10 @@ class PassPlan(PassClock):
     # ``[g][s]``: global worker ``g``'s tokens of stream ``s`` (EOS appended included), where
     # the plan counted them (``build_pass_plan``): what the mixture's estimate spends
     stream_tokens: list[list[int]] | None = None
+    # token cuts (``token_cuts.py``): ``cuts[s][g]`` the (head, tail) of worker ``g``'s ranges
+    # of stream ``s``, and per stream the tokens (with EOS) no worker was given
+    cuts: list[list[list[int]]] | None = None
+    unassigned: list[int] | None = None
 
     @property
     def num_global_workers(self) -> int:
@@ -184,27 +192,43 @@ class PassPlan(PassClock):
             delivered = self.world_size * self.steps * self.batch_size * self.seq_len
         else:
             delivered = self.world_size * tokens_in_steps(*self.schedules(), self.first_step, self.steps)
-        return max(0, sum(self.tokens) - delivered)
+        return max(0, sum(self.tokens) - delivered) + sum(self.unassigned or ())
+
+    def rank_unassigned(self, rank: int) -> int:
+        """Tokens of the pass no worker was given (token cuts), counted on rank 0's stats."""
+        return sum(self.unassigned or ()) if rank == 0 else 0
 
     def drop_bound(self) -> int:
         """The most tokens a concat pass can drop: the spread of the workers' token counts
         plus one batch per global worker (see ``docs/design.md``); with a schedule, one of
         its largest batches per global worker and per switch inside the pass, plus one."""
         low = min(self.tokens) if self.tokens else 0
+        if self.cuts is not None and self.shape is None:
+            # token cuts: less than one global step, plus two tokens per stream and global
+            # worker where the step count had to give way to them (``CutSpec.budgets``)
+            return self.world_size * self.batch_size * self.seq_len + 2 * len(self.streams) * self.num_global_workers
         per_batch, switches = self.batch_size * self.seq_len, 0
         if self.shape is not None:
             per_batch, switches = largest_batch_tokens(*self.schedules(), self.first_step, max(self.steps, 1))
-        return sum(t - low for t in self.tokens) + self.num_global_workers * per_batch * (1 + switches)
+        spread = sum(t - low for t in self.tokens) + sum(self.unassigned or ())  # (an elastic rest of a token-cut pass)
+        return spread + self.num_global_workers * per_batch * (1 + switches)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["ranges"] = [[[list(r) for r in worker] for worker in stream] for stream in self.ranges]
+        for key in ("cuts", "unassigned"):
+            if out[key] is None:
+                out.pop(key)
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PassPlan":
         data = dict(data)
         data["ranges"] = [[[tuple(r) for r in worker] for worker in stream] for stream in data["ranges"]]
+        if data.get("cuts") is not None:
+            from .token_cuts import cut_ranges
+            data["ranges"] = [[cut_ranges(r, c) for r, c in zip(stream, cuts)]
+                              for stream, cuts in zip(data["ranges"], data["cuts"])]
         return cls(**data)
 
 

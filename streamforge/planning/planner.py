@@ -24,12 +24,15 @@ from .layout import Layout
 from .plan import PassPlan, Range, build_pass_plan, records_at, trim_ranges
 from .readings import count as reading_count, plan_readings, reading_cut_shards
 from .shared import shared_counts
+from .shared_cuts import share_token_cuts
+from .cut_planner import TokenCutPlanning
+from .token_cuts import CutSpec, cut_ranges
 
 _FETCH_THREADS = 16
 _RANGE_CACHE = 8  # passes (x topologies) whose ranges are kept
 
 
-class Planner:
+class Planner(TokenCutPlanning):
     """``manifests``: the streams' reading manifests (``readings.reading_manifest``) and
     ``repeats`` the readings of each per pass (default: 1 each)."""
 
@@ -40,6 +43,10 @@ class Planner:
         self.repeats = [1.0] * len(self.names) if repeats is None else [float(r) for r in repeats]
         self.seed = int(seed)
         self._sources = sources  # callable: stream index -> ShardSource, for index reads
+        # token cuts (``token_cuts.py``): what they are made for, and which streams get an EOS
+        self.cut_spec: CutSpec | None = None  # the last one set
+        self.cut_specs: dict[int, CutSpec] = {}  # by number of global workers
+        self.cut_eos: list[bool] = [False] * len(self.names)
         self._reset()
 
     def _reset(self) -> None:
@@ -49,6 +56,7 @@ class Planner:
         self._column_lists: dict[int, tuple] = {}
         self._laid: dict[tuple[int, int], tuple[int, int]] = {}  # (stream, shard): (block, offset)
         self._blocks: dict[int, np.ndarray] = {}  # running sums over the indexes read together
+        self._cut: dict = {}  # token cuts: budgets, shard tokens, and each cut plan's tokens
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -58,6 +66,7 @@ class Planner:
         state.pop("_column_lists", None)
         state.pop("_laid", None)
         state.pop("_blocks", None)
+        state.pop("_cut", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -100,6 +109,8 @@ class Planner:
         return cached
 
     def _plan(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
+        if self._token_cut(n):
+            return self._plan_tokens(stream, pass_idx, n, workers)
         if self.repeats[stream] != 1.0:
             return self._plan_readings(stream, pass_idx, n, workers)
         layout = self.layout(stream, pass_idx, n)
@@ -157,6 +168,12 @@ class Planner:
         counts (``shared.shared_counts``). The plan is the same either way; without, every
         rank reads the index of every shard any cut falls in (up to one a global worker)."""
         n = world_size * workers_per_rank
+        if self._token_cut(n):
+            if share is not None and share.world_size == world_size > 1 and fractions is None:
+                share_token_cuts(self, share, pass_idx, n)
+            return self._token_pass_plan(pass_idx, n, fractions, dict(
+                pass_idx=pass_idx, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch_size,
+                seq_len=seq_len, packing=packing, first_step=first_step))
         # a repeated stream's readings are cut reading by reading (``readings.py``), which the
         # shared cuts do not know: such a plan is computed by every rank alone
         if share is not None and share.world_size == world_size > 1 and all(r == 1.0 for r in self.repeats):
@@ -362,7 +379,9 @@ def worker_work(planner: "Planner", stream: int, num_global: int, g: int, pass_i
     ``pass_idx``, the plan's ranges (and no saved windows) in every other pass."""
     def ranges_for(p: int) -> list[Range]:
         if assigned is not None and p == pass_idx:
-            return [tuple(r) for r in assigned[stream][0][g]]
+            got = assigned[stream][0][g]
+            cut = getattr(got, "cut", None)  # token cuts: a piece of a document at either end
+            return [tuple(r) for r in got] if cut is None else cut_ranges([tuple(r) for r in got], cut)
         return planner.worker_ranges(stream, p, num_global, g)
 
     def windows_for(p: int) -> list:

@@ -24,6 +24,7 @@ from ..loader.counters import spread
 from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
 from ..planning.steps import step_at_tokens
+from .cut_work import use_loader_cuts, use_saved_cuts
 from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
 from .state import (
     STATE_VERSION, UNDIGESTED_VERSION, ResumeReport, config_differences, config_fingerprint, pack_state,
@@ -208,6 +209,7 @@ class Checkpointer:
         loader, clock = self.loader, self.loader.clock
         step = int(state["step"])
         work = work_left(self.dataset, state)
+        use_loader_cuts(self.dataset, self.loader)  # token cuts: this topology's again
         self.dataset.resume_generation = int(state["generation"])
         clock.start(int(work["pass"]), step, PassRest(work=work))
         plan = clock.plan = self._rest_plan(clock.rest)
@@ -238,7 +240,9 @@ class Checkpointer:
         )
 
     def _load_statistical(self, state: dict[str, Any], differences: list[str], why: list[str]) -> None:
+        use_saved_cuts(self.dataset, state)  # token cuts: the saved topology's, then this one's
         positions, notes = stream_positions(self.dataset, state)
+        use_loader_cuts(self.dataset, self.loader)
         notes.insert(0, "not elastic: " + "; ".join(why))
         bounds = statistical_bounds(self.dataset, state, positions, self.loader.num_logical)
         have = saved_ranks(state)

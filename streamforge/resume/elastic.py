@@ -36,6 +36,8 @@ from ..planning.plan import PassPlan, Range, plan_shape, steps_for, worker_rows
 from ..planning.steps import StepSchedule
 from ..planning.planner import worker_work
 from ..planning.readings import count as reading_count
+from .cut_replan import assign_token_work
+from .cut_work import pass_unassigned, rest_unassigned, split_cut_records, use_saved_cuts
 from .probes import buffer_work_left
 from .state import order_config, saved_workers
 
@@ -48,6 +50,7 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
     """What the saved job had not handed out in its current pass (see the module docstring)."""
     saved_g = int(state["world_size"]) * int(state["workers_per_rank"])
     pass_idx = int(state["pass"])
+    use_saved_cuts(dataset, state)  # token cuts: the saved topology's
     previous = (state.get("remaining") or {}).get("work")
     assigned = assign_work(dataset, previous, saved_g) if previous else None
     streams = [{"ranges": [], "windows": []} for _ in dataset.streams]
@@ -55,20 +58,30 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
         buffers = _probe_buffers(dataset, pass_idx, saved_g, g, assigned, int(state["generation"]))
         if worker_state is None:  # nothing handed out: all of its work is left
             for i, buffer in enumerate(buffers):
-                streams[i]["ranges"] += [list(r) for r in buffer.source.ranges_for(pass_idx)]
-                streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
+                ranges, units = split_cut_records(buffer.source.ranges_for(pass_idx), buffer.source.source,
+                                                  dataset.eos_appended[i])
+                streams[i]["ranges"] += ranges
+                streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)] + units
             continue
 
         for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
             p, ranges, units = buffer_work_left(buffer, stream_state)
             if p != pass_idx:  # a finite reader never leaves its pass
                 continue
-            streams[i]["ranges"] += [list(r) for r in ranges]
-            streams[i]["windows"] += units
+            ranges, pieces = split_cut_records(ranges, buffer.source.source, dataset.eos_appended[i])
+            streams[i]["ranges"] += ranges
+            streams[i]["windows"] += units + pieces
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
         s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))
-    return {"pass": pass_idx, "streams": streams}
+    out = {"pass": pass_idx, "streams": streams}
+    if previous:  # a resumed pass: what its own re-plan gave no worker
+        unassigned = rest_unassigned(dataset, previous, assigned, work_tokens(dataset, previous))
+    else:
+        unassigned = pass_unassigned(dataset, state)
+    if unassigned is not None:  # token cuts: what the saved pass's plan gave no worker
+        out["unassigned"] = unassigned
+    return out
 
 
 def _merge(ranges: list[list[int]]) -> list[list[int]]:
@@ -104,6 +117,10 @@ def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, 
     ranges cut at exact token quantiles, then each window's rest to the worker with the fewest
     tokens so far (largest first; deterministic)."""
     check_work(dataset, work)
+    by_tokens = getattr(dataset.config, "cuts", "records") == "tokens"
+    spec = dataset.planner.cut_specs.get(num_global) if by_tokens else None
+    if spec is not None:  # token cuts: the rest of the pass cut at token positions too
+        return assign_token_work(dataset, work, spec)
     out = []
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
@@ -210,7 +227,7 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,
         packing=cfg.packing, streams=list(dataset.stream_names), ranges=[a[0] for a in assigned], tokens=tokens,
         rows=rows, steps=steps, first_step=first_step, windows=[a[1] for a in assigned],
-        **plan_shape(batch, seq, first_step),
+        unassigned=rest_unassigned(dataset, work, assigned, work_tokens(dataset, work)), **plan_shape(batch, seq, first_step),
     )
 
 

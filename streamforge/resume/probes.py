@@ -17,6 +17,7 @@ from ..planning.plan import Range
 from ..stages.read import ReaderState, ShardReader
 from ..stages.shuffle import ShuffleBuffer, ShuffleState
 from ..stages.window_order import window_order
+from .cut_work import unit_trims, view_trims
 
 
 def reader_position(state: ReaderState, ranges: list[Range]) -> int:
@@ -55,18 +56,29 @@ def buffer_work_left(buffer: ShuffleBuffer, state: ShuffleState) -> tuple[int, l
             current = loaded and window == buffer.window_idx
             item = buffer.saved_window(pass_idx, window)
             units.append(_window_rest(buffer, item["ranges"], int(item["key"]), pos if current else int(item["pos"]),
-                                      offset if current else int(item["offset"])))
+                                      offset if current else int(item["offset"]), buffer.unit_source(item)))
     elif loaded:
         ranges = reader.peek_ranges(buffer.window_size())
-        units.append(_window_rest(buffer, ranges, buffer.window_key(), pos, offset))
+        units.append(_window_rest(buffer, ranges, buffer.window_key(), pos, offset, reader.source))
         reader.skip(sum(b - a for _, a, b in ranges))
     return pass_idx, reader.unread(), [u for u in units if u["docs"]]
 
 
-def _window_rest(buffer: ShuffleBuffer, ranges, key: int, pos: int, offset: int) -> dict:
-    """A saved window's rest, with the tokens and documents it still holds."""
-    _, _, lengths, order = window_order(buffer.source.source, ranges, key)
+def _window_rest(buffer: ShuffleBuffer, ranges, key: int, pos: int, offset: int, source) -> dict:
+    """A saved window's rest, with the tokens and documents it still holds (and the trims of
+    the documents in it that token cuts share with other workers: ``resume/cut_work.py``)."""
+    _, _, lengths, order = window_order(source, ranges, key)
     order = order[pos:]
-    tokens = int(lengths[order].sum()) + (len(order) if buffer.eos_id is not None else 0) - offset
-    return {"ranges": [[int(s), int(a), int(b)] for s, a, b in ranges], "key": int(key), "pos": pos,
-            "offset": offset, "tokens": tokens, "docs": len(order)}
+    eos = buffer.eos_id is not None
+    if eos and hasattr(source, "pieces"):  # a piece a cut ends before its document does has no EOS
+        shard, record, _, _ = window_order(source, ranges, key)
+        ends = source.pieces(shard[order], record[order])[1]
+        tokens = int(lengths[order].sum()) + int(ends.sum()) - offset
+    else:
+        tokens = int(lengths[order].sum()) + (len(order) if eos else 0) - offset
+    out = {"ranges": [[int(s), int(a), int(b)] for s, a, b in ranges], "key": int(key), "pos": pos,
+           "offset": offset, "tokens": tokens, "docs": len(order)}
+    trims = unit_trims(view_trims(source), ranges)
+    if trims:
+        out["trims"] = trims
+    return out

@@ -251,7 +251,7 @@ def merge_states(states: Sequence[Any]) -> dict[str, Any]:
 # What a config field meant before it was saved: a state without the key had that value.
 # A config leaves such a field out while it has that value (``saved_config``), so states saved
 # before the field existed keep their fingerprints.
-ABSENT_MEANS = {"shuffle_warmup": 0}
+ABSENT_MEANS = {"shuffle_warmup": 0, "cuts": "records"}
 # Fields that states once saved but that never change the data order, only how a batch is
 # expanded (now the loader's batch spec): configs leave them out, and a saved config's are
 # ignored, so states saved with them still resume exactly.

@@ -16,7 +16,9 @@ from ..format.manifest import Manifest
 from ..format.reader import DocBatch
 from ..source import ShardSource
 from ..planning.plan import Range
+from ..planning.token_cuts import trims
 from .base import check_state
+from .cut_source import cut_view
 
 # A saved ShardReader cursor: the next record is ``offset`` records into range ``range`` of the
 # worker's plan for pass ``pass`` (functional form: ``pass`` is a Python keyword).
@@ -68,6 +70,7 @@ class ShardReader:
     def _set_cursor(self, pass_idx: int, range_idx: int, offset: int) -> None:
         if getattr(self, "pass_idx", None) != pass_idx or not hasattr(self, "ranges"):
             self.ranges = self.ranges_for(pass_idx)
+            self.source = cut_view(self.source, trims(self.ranges))  # token cuts: the pieces
         self.pass_idx, self.range_idx, self.offset = pass_idx, range_idx, offset
         self._announced = False
         self._announced_through = -1  # the last pass the source's plan holds

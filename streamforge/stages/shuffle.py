@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigError, ResumeMismatchError
 from .base import check_state
+from .cut_source import cut_view
 from .read import ReaderState, ShardReader
 from .runs import DocRun
 from .window import Window
@@ -145,6 +146,12 @@ class ShuffleBuffer:
         """The saved window's rest emitted as window ``window`` (< 0) of ``pass_idx``."""
         return self.windows_for(pass_idx)[window - self._first_window(pass_idx)]
 
+    def unit_source(self, unit: dict):
+        """The shards a saved window's rest is read from: through its own ``trims`` where it
+        holds pieces of documents cut between workers (``resume/cut_work.py``)."""
+        trims = {(int(s), int(r)): (int(lo), int(hi)) for s, r, lo, hi in unit.get("trims", ())}
+        return cut_view(self.source.source, trims)
+
     def _first_window(self, pass_idx: int) -> int:
         """-k when the pass starts with k saved windows' rests, else 0."""
         return -len(self.windows_for(pass_idx))
@@ -196,7 +203,7 @@ class ShuffleBuffer:
         the window's end either way (a ``unit`` leaves it alone).
         """
         reading = unit is None
-        reader, shards = self.source, self.source.source
+        reader, shards = self.source, self.source.source if unit is None else self.unit_source(unit)
         size = self.window_size()
         ranges = reader.peek_ranges(size) if reading else [tuple(r) for r in unit["ranges"]]
         if reading and skip == 0:
@@ -212,13 +219,14 @@ class ShuffleBuffer:
                 f"{self.window_idx} of {len(order)} documents"
             )
         wanted = order[skip:]
+        cut = shards.pieces(shard, record) if hasattr(shards, "pieces") else None
         lens = lengths[order].copy()
         lens[:skip] = 0
         # a restore reads its frames as its documents leave; where damaged records may be
         # skipped it reads them all first, since one left out changes the window's layout
         if (skip > 0 or not reading) and shards.on_error == "raise":
             pending = Pending(shards, ranges, shard[wanted], record[wanted], skip)
-            self._lay_out(Window(order, lens, shard, record, None, shards.dtype, skip, self.eos_id, pending), skip)
+            self._lay_out(Window(order, lens, shard, record, None, shards.dtype, skip, self.eos_id, pending, cut), skip)
             if reading:
                 reader.skip(len(record))
             return True
@@ -236,7 +244,7 @@ class ShuffleBuffer:
             # a record the source skipped as damaged (on_error="skip") is laid out empty
             pieces = [views[i] if ok else _EMPTY for i, ok in zip(at.tolist(), present.tolist())]
             lens[skip:] = [len(p) // shards.dtype.itemsize for p in pieces]
-        self._lay_out(Window(order, lens, shard, record, pieces, shards.dtype, skip, self.eos_id), skip)
+        self._lay_out(Window(order, lens, shard, record, pieces, shards.dtype, skip, self.eos_id, cut=cut), skip)
         return True
 
     def _lay_out(self, window: Window, skip: int) -> None:
@@ -292,7 +300,8 @@ class ShuffleBuffer:
             self._advance(1)
         else:
             self.token_offset += k
-        return piece, window.shards[pos], window.records[pos], token_offset, done
+        start = token_offset + (0 if window.base is None else int(window.base[pos]))
+        return piece, window.shards[pos], window.records[pos], start, done
 
     def known_lengths(self, max_docs: int) -> np.ndarray | None:
         """Full lengths of the current document and of up to ``max_docs - 1`` after it, all in

@@ -31,10 +31,12 @@ class Window:
         skip: documents handed on before a restore (laid out empty).
         eos_id: the token after each document, or None.
         pending: a restore's frames still to read, or None.
+        cut: under token cuts (``cut_source.CutSource.pieces``), in the order of the window's
+            records: each one's first token in its document and whether an EOS follows it.
     """
 
     def __init__(self, order, lens, shard, record, pieces, dtype, skip: int, eos_id: int | None,
-                 pending: Pending | None = None) -> None:
+                 pending: Pending | None = None, cut: tuple | None = None) -> None:
         out_lens = lens.copy()
         nothing = _EMPTY.view(dtype)
         # pieces None: a restore, every document laid out empty until its frame is read
@@ -47,6 +49,8 @@ class Window:
         else:
             eos = np.array([eos_id], dtype)
             nonempty = lens > 0  # lens[:skip] are 0: documents a restore passes over
+            if cut is not None:  # a piece a token cut ends before its document does: no EOS
+                nonempty = nonempty & cut[1][order]
             out_lens += nonempty
             self.stride = 2
             parts = [eos] * (2 * len(docs))
@@ -70,6 +74,8 @@ class Window:
         self.records = self.record.tolist()
         self.num_docs = len(self.records)
         self.pending = pending
+        # each document's first token in its document (token cuts), or None
+        self.base = None if cut is None or not cut[0].any() else cut[0][order]
 
     def length(self, doc: int) -> int:
         """Tokens of document ``doc`` with its EOS."""
@@ -115,6 +121,8 @@ class Window:
         if docs:
             token_start[0] = token_offset
             length[0] -= token_offset
+            if self.base is not None:
+                token_start += self.base[pos : pos + docs]
             length[-1] -= offsets[pos + docs] - stop
         self.ensure(pos + max(docs, 1))
         # drop damaged (empty) documents
