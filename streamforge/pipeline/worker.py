@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import ResumeMismatchError
 from ..planning.plan import PassPlan
 from ..planning.planner import worker_work
+from ..stages.balance import BalancedPacker
 from ..stages.base import check_state
 from ..stages.interleave import Interleaver
 from ..stages.pack import Packer, PackerState
@@ -84,10 +85,14 @@ class WorkerPipeline:
         self.buffers = buffers
         self.interleaver = Interleaver(buffers, dataset.schedule)
         self.seq_lens = dataset.seq_lens  # the row length by step (planning/steps.py)
-        self.packer = Packer(
-            self.interleaver, seq_len=self.seq_lens.at(self.step), mode=cfg.packing, pad_id=cfg.pad_id,
-            dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window, varies=self.seq_lens.constant is None,
-        )
+        if cfg.packing == "balance":
+            self.packer = BalancedPacker(self.interleaver, seq_len=self.seq_lens.at(self.step),
+                                         target=dataset.balance_target, pad_id=cfg.pad_id, dtype=dataset.token_dtype)
+        else:
+            self.packer = Packer(
+                self.interleaver, seq_len=self.seq_lens.at(self.step), mode=cfg.packing, pad_id=cfg.pad_id,
+                dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window, varies=self.seq_lens.constant is None,
+            )
 
     @property
     def step(self) -> int:

@@ -1,0 +1,252 @@
+"""Balanced packing (``packing="balance"``): every row costs about the same attention work.
+
+With document masks a row's attention work is ``sum(L_i ** 2)`` over its document pieces
+(``pipeline/cost.py``). Data-parallel ranks wait for the slowest one at every step, so rows
+(and batches) of equal tokens but unequal cost make stragglers. This packer builds rows that
+all aim at one cost, the same on every rank, with nothing exchanged between ranks:
+
+* the *target* (``layout_balance.balance_target``) is computed once per job from a fixed
+  sample of the corpus's record lengths (the record indexes of up to ``SAMPLE_SHARDS`` shards
+  per stream, spread over the stream) and the mixture's first weights: every rank computes
+  the same value;
+* a worker takes a *window* of the next ``WINDOW_ROWS * seq_len`` tokens from the interleaver,
+  exactly as concat packing would take them for that many rows (a document that runs past
+  the window's end carries into the next window, as concat's carry does), and lays them out
+  in rows of ``seq_len`` tokens whose costs are near the target (``layout_balance.lay_out``):
+  documents whose pieces are too long for the target are cut into near-equal parts, and a
+  part is cut where a row ends;
+* each document's parts in a window are numbered so that a row before another holds the
+  earlier tokens of a document (the cost depends on lengths only), and a part cut where its
+  row ends carries the next token as the row's look-ahead, so its last label is kept; a part
+  cut inside a row (a long document's part followed by another document) ends with label -100.
+
+Every row is full (the last row of a finite pass is padded). Every token of the window is in
+exactly one row. The state is the interleaver's state at the window start and the number of
+the window's rows handed out (``PackerState``, as bestfit's): restoring takes the same window
+again and lays it out the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, ResumeMismatchError
+from ..pipeline.batch import RowBatch, padding_rows
+from .base import check_state
+from .interleave import Interleaver
+from .layout_balance import balance_target, lay_out
+from .pack import STATE_KEYS, PackerState, _join_runs
+
+WINDOW_ROWS = 64  # rows laid out together
+SAMPLE_SHARDS = 16  # shards per stream whose record lengths set the target
+
+
+def corpus_target(dataset: Any, seq_len: int) -> float:
+    """The row cost of ``dataset``'s balanced packing at ``seq_len``: from the record lengths
+    of up to ``SAMPLE_SHARDS`` shards per stream (evenly spaced over its shards, in order)
+    and the mixture's first weights (``balance_target``)."""
+    lengths, shares = [], []
+    weights = dataset.schedule.weights[0]
+    for i, manifest in enumerate(dataset.read_manifests):
+        shards = manifest.num_shards
+        picked = sorted({int(k) for k in np.linspace(0, shards - 1, min(shards, SAMPLE_SHARDS))}) if shards else []
+        got = dataset.planner.record_lengths(i, picked, eos=dataset.eos_appended[i]) if picked else []
+        lengths.append(np.concatenate(got) if got else np.zeros(0, np.int64))
+        shares.append(float(weights[i]))
+    return balance_target(lengths, shares, seq_len, WINDOW_ROWS)
+
+
+def balanced_target(dataset: Any) -> float | None:
+    """The row cost ``dataset``'s balanced packing aims at (None in other packings); it
+    takes one row length (its target is per length): a seq_len schedule is a ``ConfigError``."""
+    if dataset.config.packing != "balance":
+        return None
+    if dataset.seq_lens.constant is None:
+        raise ConfigError("packing='balance' takes one seq_len (an int), not a schedule: its cost target is "
+                          "computed for one row length")
+    return corpus_target(dataset, dataset.seq_lens.constant)
+
+
+class BalancedPacker:
+    """Documents in, rows of equal attention cost out (see the module docstring). The same
+    interface as ``pack.Packer``: ``next_rows``, ``state_dict``/``load_state_dict``,
+    ``check_state``, ``source_state``, ``set_seq_len``, ``close``.
+
+    Args:
+        source: the ``Interleaver`` the documents come from.
+        seq_len: tokens in a row.
+        target: the cost every row aims at (``corpus_target``).
+        pad_id, dtype: as ``Packer``'s.
+        window_rows: rows laid out together.
+    """
+
+    mode = "balance"
+
+    def __init__(self, source: Interleaver, *, seq_len: int, target: float, pad_id: int = 0,
+                 dtype: np.dtype = np.dtype("<u2"), window_rows: int = WINDOW_ROWS) -> None:
+        if not target > 0:
+            raise ConfigError(f"balanced packing: the cost target must be > 0, got {target!r}")
+        self.source = source
+        self.seq_len = int(seq_len)
+        self.target = float(target)
+        self.pad_id = pad_id
+        self.dtype = dtype
+        self.window_rows = int(window_rows)
+        self.truncated_tokens = 0
+        self._start: Any = None  # the interleaver's state at the window start
+        self._grid: np.ndarray | None = None  # the window's rows, [rows, seq_len + 1]
+        self._lookahead: np.ndarray | None = None
+        self._parts: dict[str, np.ndarray] | None = None
+        self._row_parts: np.ndarray | None = None  # where each row's parts begin
+        self._emitted = 0
+
+    # -- public ----------------------------------------------------------------------------
+    def set_seq_len(self, seq_len: int) -> None:
+        if seq_len != self.seq_len:
+            raise ConfigError("packing='balance' takes one seq_len, not a schedule")
+
+    def next_rows(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
+        """Up to ``num_rows`` rows (fewer only at the end of a finite pass); None when done."""
+        T = self.seq_len
+        tokens = padding_rows(num_rows, T, self.dtype, self.pad_id, out)
+        lookahead = np.zeros(num_rows, bool)
+        pieces: list[dict[str, np.ndarray]] = []
+        count = 0
+        while count < num_rows:
+            if self._grid is None or self._emitted == len(self._grid):
+                if not self._build_window():
+                    break
+            k = min(num_rows - count, len(self._grid) - self._emitted)
+            a, b = self._emitted, self._emitted + k
+            tokens[count : count + k] = self._grid[a:b]
+            lookahead[count : count + k] = self._lookahead[a:b]
+            lo, hi = int(self._row_parts[a]), int(self._row_parts[b])
+            part = {name: values[lo:hi] for name, values in self._parts.items()}
+            part["start"] = part["start"] + (count - a) * T
+            pieces.append(part)
+            self._emitted = b
+            count += k
+        if count == 0:
+            return None
+        joined = {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
+        return RowBatch(tokens=tokens[:count], lookahead=lookahead[:count], **joined)
+
+    # -- the window ------------------------------------------------------------------------
+    def _build_window(self) -> bool:
+        """Take the next window's tokens and lay them out; False when the source is done."""
+        self._start = self.source.state_dict()
+        self._grid = None
+        self._emitted = 0
+        T = self.seq_len
+        need = self.window_rows * T
+        flat = np.empty(need + 1, self.dtype)
+        runs, filled = [], 0
+        while filled < need:
+            got = self.source.take_run(need - filled)
+            if got is None:
+                break
+            stream, run = got
+            run.copy_into(flat[filled : filled + run.size])
+            run.parts = None
+            runs.append((filled, stream, run))
+            filled += run.size
+        if filled == 0:
+            return False
+        pieces = _join_runs(runs)
+        peek = self.source.peek_token() if filled == need and pieces["continues"][-1] else None
+        flat[filled] = self.pad_id if peek is None else peek
+        self._lay_out(flat, pieces, filled, peek is not None)
+        return True
+
+    def _lay_out(self, flat: np.ndarray, pieces: dict[str, np.ndarray], filled: int, peeked: bool) -> None:
+        T = self.seq_len
+        lay = lay_out(pieces["length"], T, self.target)
+        row, piece, length = lay["row"], lay["piece"], lay["length"]
+        # each piece's parts take its tokens in row order (the layout depends on lengths only)
+        order = np.lexsort((np.arange(len(row)), piece))
+        within = np.empty(len(row), np.int64)
+        run = np.cumsum(length[order]) - length[order]
+        first = np.r_[0, np.flatnonzero(np.diff(piece[order])) + 1]
+        starts_of = np.repeat(run[first], np.diff(np.r_[first, len(order)]))
+        within[order] = run - starts_of
+        nrows = int(row[-1]) + 1
+        pos = np.cumsum(length) - length
+        row_first = np.searchsorted(row, np.arange(nrows + 1))
+        pos -= np.repeat(pos[row_first[:-1]], np.diff(row_first))
+        src = pieces["start"][piece] + within
+        grid = np.full((nrows, T + 1), self.pad_id, self.dtype)
+        total = int(length.sum())
+        offs = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
+        grid.reshape(-1)[np.repeat(row * (T + 1) + pos, length) + offs] = flat[np.repeat(src, length) + offs]
+        # a row's last part that stops inside its piece: the next token is the look-ahead
+        last = row_first[1:] - 1
+        end = within[last] + length[last]
+        inside = end < pieces["length"][piece[last]]
+        at_window_end = ~inside & pieces["continues"][piece[last]] & peeked
+        lookahead = inside | at_window_end
+        grid[lookahead, T] = flat[src[last] + length[last]][lookahead]
+        continues = np.zeros(len(row), bool)
+        continues[last[lookahead]] = True
+        full = filled - (nrows - 1) * T
+        if full < T:  # the end of a finite pass: the last row is short
+            lookahead[-1] = False
+            continues[last[-1]] = False
+        self._grid, self._lookahead = grid, lookahead
+        self._row_parts = row_first
+        self._parts = {
+            "start": row * T + pos, "length": length, "stream": pieces["stream"][piece],
+            "shard": pieces["shard"][piece], "record": pieces["record"][piece],
+            "token_start": pieces["token_start"][piece] + within, "continues": continues,
+        }
+
+    # -- stage contract --------------------------------------------------------------------
+    def __iter__(self) -> BalancedPacker:
+        return self
+
+    def __next__(self) -> RowBatch:
+        rows = self.next_rows(1)
+        if rows is None:
+            raise StopIteration
+        return rows
+
+    def close(self) -> None:
+        self.source.close()
+
+    def state_dict(self) -> PackerState:
+        if self._grid is None or self._emitted == len(self._grid):
+            return {"source": self.source.state_dict(), "window": None, "rows_emitted": 0}
+        return {"source": self._start, "window": True, "rows_emitted": self._emitted}
+
+    @staticmethod
+    def source_state(state: PackerState):
+        check_state(state, STATE_KEYS, "Packer")
+        return state["source"]
+
+    def check_state(self, state: PackerState) -> None:
+        check_state(state, STATE_KEYS, "Packer")
+        if int(state["rows_emitted"]) < 0:
+            raise ResumeMismatchError(f"Packer: rows_emitted {state['rows_emitted']} is negative")
+        if state["window"] not in (None, True):
+            raise ResumeMismatchError(f"Packer: window {str(state['window'])[:80]} is not that of balanced packing")
+        self.source.check_state(state["source"])
+
+    def load_state_dict(self, state: PackerState) -> None:
+        self.check_state_keys(state)
+        self.source.load_state_dict(state["source"])
+        self._grid = None
+        self._emitted = 0
+        if state["window"]:
+            self._build_window()
+            rows = int(state["rows_emitted"])
+            if self._grid is None or not 0 <= rows < len(self._grid):
+                raise ResumeMismatchError(f"Packer: rows_emitted {rows} is outside the saved balanced window of "
+                                          f"{0 if self._grid is None else len(self._grid)} rows")
+            self._emitted = rows
+
+    @staticmethod
+    def check_state_keys(state: PackerState) -> None:
+        check_state(state, STATE_KEYS, "Packer")
+        if state["window"] not in (None, True):
+            raise ResumeMismatchError(f"Packer: window {str(state['window'])[:80]} is not that of balanced packing")
