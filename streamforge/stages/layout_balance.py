@@ -3,29 +3,27 @@
 Pure functions of lengths (no tokens), so the packer (``balance.py``), the benchmark
 (``tools/bench_balance.py``) and the tests run the same code.
 
-* ``balance_target``: the cost every row aims at, and the longest piece a row may hold, from
-  a corpus's document lengths (deterministic: every rank computes the same values).
-* ``lay_out``: a window's pieces in rows of exactly ``T`` tokens (the last row of a window
-  that does not fill it is short), each near the target.
-
 The model (``pipeline/cost.py``, without window or linear term): a row of pieces ``L_i``
-costs ``sum(L_i ** 2)``, which is ``T`` times the token-weighted mean piece length of the row.
-Rows of ``T`` tokens cost the same when their token-weighted mean piece lengths are equal, so
-the target is a *density* ``D`` (tokens): every row aims at ``T * D``.
+costs ``sum(L_i ** 2)``, which is ``T`` times the token-weighted mean piece length of the row,
+its *density*. Rows of ``T`` tokens cost the same when their densities are equal, so the
+target is a density ``D`` and every row aims at ``T * D``.
 
-``D`` is the token-weighted mean piece length of the corpus once every document longer than
-the cap ``P = CAP_RATIO * D`` is cut into near-equal pieces of at most ``P`` (and every piece at
-most ``T``): the fixed point of ``D = density(lengths, cap(D))``, found by iteration. The target
-is thus what the corpus's own pieces average: rows above it get shorter pieces, rows below it
-longer ones, and the mean cost per token stays where the cap put it. Documents longer than the
-cap are the ones cut, and only they (besides the cut that fills a row's last tokens, as concat
-packing cuts): a piece costs at most ``P`` per token, which is what makes a row of one
-long document's piece comparable with a row of short documents.
+* ``balance_target``: ``T * D`` from a corpus's document lengths. Cutting documents only lowers
+  a window's density, never raises it, so ``D`` is set where nearly every window can reach it:
+  the ``QUANTILE`` (5%) quantile of the densities of windows dealt from the sample, each with
+  no piece longer than ``piece_cap`` (one piece may cost at most ``PIECE_SHARE`` of a row's
+  target, else a row holding it could not be balanced). The cap follows the target, so both
+  are iterated to a fixed point. Deterministic: every rank computes the same value.
+* ``lay_out``: a window's pieces in rows of exactly ``T`` tokens (the last row of a window that
+  does not fill it is short). The pieces are cut into near-equal parts at the smallest cap at
+  which the window reaches ``D`` (at most ``piece_cap``), so the window's mean row cost is near
+  the target; then the long parts are dealt, longest first, to the row whose cost, were its
+  room filled at the density of the parts still to come, would be lowest, and the short parts
+  fill the rooms left, the rows that need the most density getting the longest parts.
 """
 
 from __future__ import annotations
 
-import bisect
 from typing import Sequence
 
 import numpy as np
@@ -33,16 +31,6 @@ import numpy as np
 QUANTILE = 0.05  # the share of windows that may fall short of the target
 PIECE_SHARE = 0.8  # the most of a row's target one piece may cost
 SMALL = 0.25  # parts shorter than this many target densities fill the rows last, together
-
-
-def split_lengths(lengths: np.ndarray, cap: int) -> np.ndarray:
-    """The pieces of documents ``lengths`` cut at ``cap``: a document of ``L > cap`` tokens is
-    ``ceil(L / cap)`` near-equal pieces (the first ones one token longer)."""
-    lengths = np.asarray(lengths, np.int64)
-    n = np.maximum(1, -(-lengths // max(1, cap)))
-    base, extra = lengths // n, lengths % n
-    # per document: ``extra`` pieces of base + 1 and ``n - extra`` of base
-    return np.concatenate([np.repeat(base + 1, extra), np.repeat(base, n - extra)]) if len(lengths) else lengths
 
 
 def _density(lengths: np.ndarray, cap: int) -> float:
