@@ -173,3 +173,20 @@ def test_refused_where_it_cannot_hold(corpus):
     url = corpus["web"][0]
     with pytest.raises(ConfigError, match="balance"):
         EvaluationDataset(url, seq_len=32, packing="balance")
+
+
+def test_another_topology_resumes_statistically(corpus):
+    """The balanced window is not in the saved work (docs/design.md): 2 -> 3 ranks falls back
+    to a statistical resume, which runs to the end of the pass on every rank."""
+    from streamforge import merge_states
+
+    first = [loader(dataset(corpus, weights=WEIGHTS, packing="balance", rank=r, world_size=2)) for r in range(2)]
+    for ld in first:
+        take(ld, 5)
+    state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in first])))
+    resumed = [loader(dataset(corpus, weights=WEIGHTS, packing="balance", rank=r, world_size=3)) for r in range(3)]
+    for ld in resumed:
+        ld.load_state_dict(state)
+        assert ld.resume_report.mode == "statistical"
+        assert any("packing='balance'" in n for n in ld.resume_report.approximations)
+    assert len({len(take(ld)) for ld in resumed}) == 1

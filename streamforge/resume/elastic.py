@@ -240,8 +240,8 @@ def elastic_blockers(dataset, state: dict[str, Any], differences: Sequence[str])
             why.append(f"{key} changed")
     if dataset.config.infinite:
         why.append("infinite=True (elastic resume re-plans the rest of a finite pass)")
-    if dataset.config.packing == "bestfit":
-        why.append("packing='bestfit' (its packing window is not part of the saved work)")
+    if dataset.config.packing in ("bestfit", "balance"):
+        why.append(f"packing={dataset.config.packing!r} (its packing window is not part of the saved work)")
     missing = [r for r, p in enumerate(state["ranks"]) if p is None]
     if missing:
         why.append(f"the state lacks the parts of rank(s) {missing}")

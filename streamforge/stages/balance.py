@@ -96,7 +96,10 @@ class BalancedPacker:
         self.window_rows = int(window_rows)
         self.truncated_tokens = 0
         self._start: Any = None  # the interleaver's state at the window start
-        self._grid: np.ndarray | None = None  # the window's rows, [rows, seq_len + 1]
+        self._flat: np.ndarray | None = None  # the window's tokens, as taken (and one look-ahead)
+        self._rows = 0  # rows in the window
+        self._copy: tuple = ()  # per part: row, position in it, position in _flat, length
+        self._next: np.ndarray | None = None  # each row's look-ahead token (pad_id where none)
         self._lookahead: np.ndarray | None = None
         self._parts: dict[str, np.ndarray] | None = None
         self._row_parts: np.ndarray | None = None  # where each row's parts begin
@@ -115,16 +118,19 @@ class BalancedPacker:
         pieces: list[dict[str, np.ndarray]] = []
         count = 0
         while count < num_rows:
-            if self._grid is None or self._emitted == len(self._grid):
+            if self._flat is None or self._emitted == self._rows:
                 if not self._build_window():
                     break
-            k = min(num_rows - count, len(self._grid) - self._emitted)
+            k = min(num_rows - count, self._rows - self._emitted)
             a, b = self._emitted, self._emitted + k
-            tokens[count : count + k] = self._grid[a:b]
-            lookahead[count : count + k] = self._lookahead[a:b]
             lo, hi = int(self._row_parts[a]), int(self._row_parts[b])
+            flat, shift = self._flat, count - a
+            for r, pos, src, n in zip(*(x[lo:hi].tolist() for x in self._copy)):
+                tokens[r + shift, pos : pos + n] = flat[src : src + n]
+            tokens[count : count + k, T] = self._next[a:b]
+            lookahead[count : count + k] = self._lookahead[a:b]
             part = {name: values[lo:hi] for name, values in self._parts.items()}
-            part["start"] = part["start"] + (count - a) * T
+            part["start"] = part["start"] + shift * T
             pieces.append(part)
             self._emitted = b
             count += k
@@ -137,7 +143,7 @@ class BalancedPacker:
     def _build_window(self) -> bool:
         """Take the next window's tokens and lay them out; False when the source is done."""
         self._start = self.source.state_dict()
-        self._grid = None
+        self._flat = None
         self._emitted = 0
         T = self.seq_len
         need = self.window_rows * T
@@ -171,30 +177,32 @@ class BalancedPacker:
         first = np.r_[0, np.flatnonzero(np.diff(piece[order])) + 1]
         starts_of = np.repeat(run[first], np.diff(np.r_[first, len(order)]))
         within[order] = run - starts_of
+        # in each row, the parts cut before their piece's end last (the last one keeps its label)
+        cut = within + length < pieces["length"][piece]
+        again = np.lexsort((within, piece, cut, row))
+        row, piece, length, within = row[again], piece[again], length[again], within[again]
         nrows = int(row[-1]) + 1
         pos = np.cumsum(length) - length
         row_first = np.searchsorted(row, np.arange(nrows + 1))
         pos -= np.repeat(pos[row_first[:-1]], np.diff(row_first))
         src = pieces["start"][piece] + within
-        grid = np.full((nrows, T + 1), self.pad_id, self.dtype)
-        total = int(length.sum())
-        offs = np.arange(total) - np.repeat(np.cumsum(length) - length, length)
-        grid.reshape(-1)[np.repeat(row * (T + 1) + pos, length) + offs] = flat[np.repeat(src, length) + offs]
         # a row's last part that stops inside its piece: the next token is the look-ahead
         last = row_first[1:] - 1
         end = within[last] + length[last]
         inside = end < pieces["length"][piece[last]]
         at_window_end = ~inside & pieces["continues"][piece[last]] & peeked
         lookahead = inside | at_window_end
-        grid[lookahead, T] = flat[src[last] + length[last]][lookahead]
+        self._next = np.where(lookahead, flat[src[last] + length[last]], self.pad_id).astype(self.dtype)
         continues = np.zeros(len(row), bool)
         continues[last[lookahead]] = True
         full = filled - (nrows - 1) * T
         if full < T:  # the end of a finite pass: the last row is short
             lookahead[-1] = False
+            self._next[-1] = self.pad_id
             continues[last[-1]] = False
-        self._grid, self._lookahead = grid, lookahead
+        self._flat, self._rows, self._lookahead = flat, nrows, lookahead
         self._row_parts = row_first
+        self._copy = (row, pos, src, length)
         self._parts = {
             "start": row * T + pos, "length": length, "stream": pieces["stream"][piece],
             "shard": pieces["shard"][piece], "record": pieces["record"][piece],
@@ -215,7 +223,7 @@ class BalancedPacker:
         self.source.close()
 
     def state_dict(self) -> PackerState:
-        if self._grid is None or self._emitted == len(self._grid):
+        if self._flat is None or self._emitted == self._rows:
             return {"source": self.source.state_dict(), "window": None, "rows_emitted": 0}
         return {"source": self._start, "window": True, "rows_emitted": self._emitted}
 
@@ -235,14 +243,14 @@ class BalancedPacker:
     def load_state_dict(self, state: PackerState) -> None:
         self.check_state_keys(state)
         self.source.load_state_dict(state["source"])
-        self._grid = None
+        self._flat = None
         self._emitted = 0
         if state["window"]:
             self._build_window()
             rows = int(state["rows_emitted"])
-            if self._grid is None or not 0 <= rows < len(self._grid):
+            if self._flat is None or not 0 <= rows < self._rows:
                 raise ResumeMismatchError(f"Packer: rows_emitted {rows} is outside the saved balanced window of "
-                                          f"{0 if self._grid is None else len(self._grid)} rows")
+                                          f"{0 if self._flat is None else self._rows} rows")
             self._emitted = rows
 
     @staticmethod

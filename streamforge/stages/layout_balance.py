@@ -31,6 +31,8 @@ import numpy as np
 QUANTILE = 0.05  # the share of windows that may fall short of the target
 PIECE_SHARE = 0.8  # the most of a row's target one piece may cost
 SMALL = 0.25  # parts shorter than this many target densities fill the rows last, together
+ROUND = 0.5  # the share of the rows with room dealt one part each in a round
+ALONE = 2.0  # parts at least this many target densities long are dealt one by one
 
 
 def _density(lengths: np.ndarray, cap: int) -> float:
@@ -105,17 +107,25 @@ def window_density(lengths: np.ndarray, cap: int) -> float:
 
 
 def _cap_for(lengths: np.ndarray, density: float, seq_len: int) -> int:
-    """The smallest cap (at most ``seq_len``) at which ``lengths`` reach ``density``."""
+    """The smallest cap (at most ``seq_len``) at which ``lengths`` reach ``density``, to
+    within 1/64 of the range searched (two grids of 32 caps, one inside the other)."""
     lo, hi = 1, int(seq_len)
     if _density(lengths, hi) <= density:
         return hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _density(lengths, mid) >= density:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    x = lengths[lengths > 0].astype(np.int64)[:, None]
+    total = float(x.sum())
+    for _ in range(2):
+        caps = np.unique(np.linspace(lo, hi, 32).astype(np.int64))
+        n = -(-x // caps[None, :])
+        base, extra = x // n, x % n
+        dens = (extra * (base + 1) ** 2 + (n - extra) * base ** 2).sum(0) / total
+        i = int(np.searchsorted(dens >= density, True))  # density grows with the cap
+        if i == len(caps):
+            return hi
+        lo, hi = int(caps[max(i - 1, 0)]), int(caps[i])
+        if hi - lo <= 1:
+            break
+    return hi
 
 
 def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np.ndarray]:
@@ -157,7 +167,8 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
     rest = np.where(later > 0, later_sq / np.maximum(later, 1.0), 0.0)
     split = int(np.searchsorted(-sizes, -SMALL * target / T, side="right"))
     out: list[tuple[int, int, int, int]] = []
-    for j, u in enumerate(order[:split].tolist()):
+
+    def deal(j: int, u: int) -> None:  # one part to the row of least projected cost
         p, off, left = int(piece[u]), int(offset[u]), int(size[u])
         while left > 0:
             fits = room >= left
@@ -174,10 +185,31 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
             room[r] -= take
             off += take
             left -= take
+
+    j = 0
+    alone = min(split, nrows, int(np.searchsorted(-sizes, -ALONE * target / T, side="right")))
+    for u in order[:alone].tolist():  # the longest, one by one
+        deal(j, u)
+        j += 1
+    rounds = []
+    while j < split:  # then a round at a time: the next parts to the rows of least projected cost
+        free = np.flatnonzero(room > 0)
+        k = min(split - j, max(1, int(len(free) * ROUND)))
+        chunk = order[j : j + k]
+        rows = free[np.argsort(cost[free] + room[free] * rest[j + k - 1], kind="stable")[:k]]
+        fit = room[rows] >= size[chunk]
+        rows, units = rows[fit], chunk[fit]
+        cost[rows] += size[units].astype(np.float64) ** 2
+        room[rows] -= size[units]
+        rounds.append((rows, piece[units], offset[units], size[units]))
+        for u in chunk[~fit].tolist():
+            deal(j + k - 1, u)
+        j += k
     small = order[split:]
     filled = _fill(cost, room, piece[small], offset[small], size[small])
     dealt = np.array(out, np.int64).reshape(-1, 4).T
-    row, piece, offset, length = (np.concatenate([d, f]) for d, f in zip(dealt, filled))
+    row, piece, offset, length = (np.concatenate([d, *r, f]).astype(np.int64)
+                                  for d, r, f in zip(dealt, zip(*rounds) if rounds else ([],) * 4, filled))
     cut = offset + length < lengths[piece]
     order = np.lexsort((offset, piece, cut, row))
     return {"row": row[order], "piece": piece[order], "offset": offset[order], "length": length[order]}
