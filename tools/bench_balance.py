@@ -20,7 +20,9 @@ What it runs:
    as ``stages.balance.corpus_target`` computes it from a corpus's record indexes.
 3. Every batch (``--batch-size`` rows a rank and step): its cost from the packer's output
    pieces (``pipeline.cost.piece_row_costs``: ``sum(L ** 2)`` over each row's pieces, what
-   ``AttentionCost().batch(doc_ids)`` gives). Per step: the straggler factor, max over the
+   ``AttentionCost().batch(doc_ids)`` gives); bestfit's first rows are skipped, a random number
+   up to two windows' (a window hands out its long documents' full rows first, so every rank
+   would start in step otherwise). Per step: the straggler factor, max over the
    ranks of the batch cost over their mean; over the ``--steps`` steps: its mean and 99th
    percentile, and the wasted share, sum over steps of (max - mean) over sum of max (the
    attention work the other ranks spend waiting for the slowest). Padding: padded tokens over
@@ -57,6 +59,7 @@ from streamforge.stages.pack import Packer  # noqa: E402
 from streamforge.stages.runs import DocRun  # noqa: E402
 
 MODES = ("concat", "bestfit", "balance")
+BESTFIT_ROWS = 0  # set per seq_len: about the rows of one bestfit window (512 documents)
 TAIL = 0.02
 
 
@@ -146,6 +149,11 @@ def rank_costs(mode: str, lengths: np.ndarray, seq_len: int, steps: int, batch: 
     source = LengthSource(lengths)
     if mode == "bestfit":
         packer = Packer(source, seq_len=seq_len, mode="bestfit")
+        # a bestfit window hands out its long documents' full rows first: each rank starts
+        # at its own point of a window (as ranks do once a pass is under way)
+        skip = int(np.random.default_rng(len(lengths) + int(lengths[0])).integers(0, BESTFIT_ROWS * 2))
+        for _ in range(skip):
+            packer.next_rows(1)
     else:
         packer = BalancedPacker(source, seq_len=seq_len, target=target)
     return packer_costs(packer, seq_len, steps, batch)
@@ -164,7 +172,9 @@ def synthetic(seq_lens, ranks, steps, batch) -> list[dict]:
     out = []
     for T in seq_lens:
         target = balance_target([sample], [1.0], T, WINDOW_ROWS)
-        need = steps * batch * T + (WINDOW_ROWS + 2) * T
+        global BESTFIT_ROWS
+        BESTFIT_ROWS = int(512 * sample.mean() / T) + 1
+        need = steps * batch * T + (WINDOW_ROWS + 2 + 2 * BESTFIT_ROWS) * T
         docs = int(need / 1200 * 1.3) + 1000  # mean length ~1,400: a margin of documents
         for R in ranks:
             t0 = time.perf_counter()
