@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 QUANTILE = 0.05  # the share of windows that may fall short of the target
-PIECE_SHARE = 0.8  # the most of a row's target one piece may cost
+PIECE_SHARE = 0.5  # the most of a row's target one piece may cost
 SMALL = 0.25  # parts shorter than this many target densities fill the rows last, together
 ROUND = 0.5  # the share of the rows with room dealt one part each in a round
 ALONE = 2.0  # parts at least this many target densities long are dealt one by one
@@ -177,8 +177,10 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
                 score[~fits] = big
                 r = int(score.argmin())
                 take = left
-            else:
-                r = int(room.argmax())
+            else:  # fill the room whose row it costs least to fill with it, and deal the rest on
+                score = cost + room.astype(np.float64) ** 2
+                score[room == 0] = big
+                r = int(score.argmin())
                 take = int(room[r])
             out.append((r, p, off, take))
             cost[r] += float(take) * take
