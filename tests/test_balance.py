@@ -190,3 +190,15 @@ def test_another_topology_resumes_statistically(corpus):
         assert ld.resume_report.mode == "statistical"
         assert any("packing='balance'" in n for n in ld.resume_report.approximations)
     assert len({len(take(ld)) for ld in resumed}) == 1
+
+
+def test_the_bench_tool_runs(capsys):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import bench_balance
+
+    bench_balance.main(["--seq-len", "256", "--ranks", "2", "--steps", "4", "--loader-steps", "0", "--no-write"])
+    out = capsys.readouterr().out
+    assert "| 256 | 2 |" in out

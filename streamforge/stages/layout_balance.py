@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 QUANTILE = 0.05  # the share of windows that may fall short of the target
-PIECE_SHARE = 0.5  # the most of a row's target one piece may cost
+PIECE_SHARE = 0.5  # the most of a row's target one piece may cost: two at the cap fill it
 SMALL = 0.25  # parts shorter than this many target densities fill the rows last, together
 ROUND = 0.5  # the share of the rows with room dealt one part each in a round
 ALONE = 2.0  # parts at least this many target densities long are dealt one by one
