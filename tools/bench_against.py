@@ -213,7 +213,11 @@ def main(argv=None) -> None:
         if workers == 0:
             a, b = statistics.median(cpu_rates[("this", 0)]), statistics.median(cpu_rates[("other", 0)])
             rows.append(f"| 0, per CPU-second of the process | {a / 1e6:.1f}M | {b / 1e6:.1f}M | {a / b:.3f} |")
-    report(args, f"## This tree against `{sha}` (`tools/bench_against.py`)",
+    heading = f"## This tree against `{sha}` (`tools/bench_against.py`)"
+    if args.packing or args.other_packing:
+        heading = (f"## packing={packings['this'] or 'concat'} against packing={packings['other'] or 'concat'} "
+                   "(`tools/bench_against.py`)")
+    report(args, heading,
            f"{setting(command, meta)}; one pass of 8x2048 batches per run, fresh process per run, trees "
            f"alternated; medians of {args.repeats}.",
            f"| num_workers | this ({this_name}) tokens/s | `{sha}`{other_packing(packings)} tokens/s | ratio |", rows)
