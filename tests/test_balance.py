@@ -175,21 +175,52 @@ def test_refused_where_it_cannot_hold(corpus):
         EvaluationDataset(url, seq_len=32, packing="balance")
 
 
-def test_another_topology_resumes_statistically(corpus):
-    """The balanced window is not in the saved work (docs/design.md): 2 -> 3 ranks falls back
-    to a statistical resume, which runs to the end of the pass on every rank."""
-    from streamforge import merge_states
+@pytest.mark.parametrize("workers", [0, 2])
+def test_elastic_resume_from_2_to_3_ranks_covers_the_pass_once(corpus, workers, tmp_path):
+    """A pass saved on 2 ranks inside their balanced windows, finished on 3: every token once
+    (the windows' rests are part of the saved work), nothing lost beyond the drop bounds."""
+    from streamforge import merge_states, unpack_state
+    from streamforge.resume.state import saved_workers
 
-    first = [loader(dataset(corpus, weights=WEIGHTS, packing="balance", rank=r, world_size=2)) for r in range(2)]
-    for ld in first:
-        take(ld, 5)
+    def build(world, w):
+        return [loader(dataset(corpus, weights=WEIGHTS, packing="balance", provenance=True, seq_len=48, rank=r,
+                               world_size=world), num_workers=w, batch_size=3, ledger_dir=str(tmp_path / "ledger"))
+                for r in range(world)]
+
+    def run(loaders, steps=None):
+        out = []
+        for ld in loaders:
+            it = iter(ld)
+            while steps is None or ld.step < steps:
+                try:
+                    out.append(next(it))
+                except StopIteration:
+                    break
+            it.close()
+        return out
+
+    first = build(2, workers)
+    bound = first[0].plan().drop_bound()
+    cut = first[0].steps_per_pass // 2 + 2  # inside a window (of 64 rows: 21 1/3 batches of 3)
+    before = run(first, cut)
     state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in first])))
-    resumed = [loader(dataset(corpus, weights=WEIGHTS, packing="balance", rank=r, world_size=3)) for r in range(3)]
+    saved = [w for _, w in saved_workers(unpack_state(state)) if w]
+    assert any(isinstance(w["packer"]["window"], dict) for w in saved)  # saved inside a window
+    resumed = build(3, 0)
     for ld in resumed:
         ld.load_state_dict(state)
-        assert ld.resume_report.mode == "statistical"
-        assert any("packing='balance'" in n for n in ld.resume_report.approximations)
-    assert len({len(take(ld)) for ld in resumed}) == 1
+        assert ld.resume_report.mode == "elastic", str(ld.resume_report)
+    bound += resumed[0].plan().drop_bound()
+    after = run(resumed)
+    delivered = _coverage(before + after)
+    total = sum(len(d) + 1 for _, docs in corpus.values() for d in docs if len(d))
+    assert 0 <= total - delivered <= bound
+    for ld in resumed:
+        ld.ledger.close()
+    report = check(read_ledger(str(tmp_path / "ledger")))
+    assert report["ok"], report["problems"]
+    (p,) = report["passes"]
+    assert p["delivered_tokens"] == delivered
 
 
 def test_the_bench_tool_runs(capsys):

@@ -14,10 +14,10 @@ import numpy as np
 from ..errors import ResumeMismatchError
 from ..planning.plan import PassPlan
 from ..planning.planner import worker_work
-from ..stages.balance import BalancedPacker
+from ..stages.balance import BalancedPacker, saved_end
 from ..stages.base import check_state
 from ..stages.interleave import Interleaver
-from ..stages.pack import Packer, PackerState
+from ..stages.pack import STATE_KEYS as PACKER_KEYS, Packer, PackerState
 from ..stages.read import ShardReader
 from ..stages.shuffle import ShuffleBuffer, ShuffleState
 from .batch import RowBatch, pad_to_rows
@@ -152,7 +152,8 @@ class WorkerPipeline:
         """Each stream's shuffle-buffer state nested in a saved pipeline state (the one walk
         down the nesting: read a stream's cursor from it with ``ShuffleBuffer.saved_cursor``)."""
         check_state(state, STATE_KEYS, "WorkerPipeline")
-        return Interleaver.source_states(Packer.source_state(state["packer"]))
+        check_state(state["packer"], PACKER_KEYS, "Packer")
+        return Interleaver.source_states(saved_end(state["packer"]))
 
     def seek(self, positions: Sequence[tuple[int, int]]) -> None:
         """Start each stream ``records`` into this worker's ranges of ``pass`` (one

@@ -36,6 +36,8 @@ from ..planning.plan import PassPlan, Range, plan_shape, steps_for, worker_rows
 from ..planning.steps import StepSchedule
 from ..planning.planner import worker_work
 from ..planning.readings import count as reading_count
+from ..stages.balance import window_rests
+from ..stages.interleave import Interleaver
 from .probes import buffer_work_left
 from .state import order_config, saved_workers
 
@@ -59,12 +61,17 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
                 streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)]
             continue
 
-        for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
+        stream_states, rests = WorkerPipeline.stream_states(worker_state), [[]] * len(streams)
+        if dataset.config.packing == "balance":  # the rest of an open balanced window (stages/balance.py)
+            end, rests = window_rests(worker_state["packer"], dataset.config.seq_len, dataset.balance_target,
+                                      len(streams))
+            stream_states = Interleaver.source_states(end)
+        for i, (buffer, stream_state) in enumerate(zip(buffers, stream_states)):
             p, ranges, units = buffer_work_left(buffer, stream_state)
             if p != pass_idx:  # a finite reader never leaves its pass
                 continue
             streams[i]["ranges"] += [list(r) for r in ranges]
-            streams[i]["windows"] += units
+            streams[i]["windows"] += units + rests[i]
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
         s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))
@@ -240,8 +247,8 @@ def elastic_blockers(dataset, state: dict[str, Any], differences: Sequence[str])
             why.append(f"{key} changed")
     if dataset.config.infinite:
         why.append("infinite=True (elastic resume re-plans the rest of a finite pass)")
-    if dataset.config.packing in ("bestfit", "balance"):
-        why.append(f"packing={dataset.config.packing!r} (its packing window is not part of the saved work)")
+    if dataset.config.packing == "bestfit":
+        why.append("packing='bestfit' (its packing window is not part of the saved work)")
     missing = [r for r, p in enumerate(state["ranks"]) if p is None]
     if missing:
         why.append(f"the state lacks the parts of rank(s) {missing}")

@@ -28,6 +28,7 @@ again and lays it out the same way.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -104,6 +105,8 @@ class BalancedPacker:
         self._parts: dict[str, np.ndarray] | None = None
         self._row_parts: np.ndarray | None = None  # where each row's parts begin
         self._emitted = 0
+        self._end: Any = None  # the interleaver's state at the window end
+        self._pieces: list = []  # the window's pieces, as saved (``state_dict``)
 
     # -- public ----------------------------------------------------------------------------
     def set_seq_len(self, seq_len: int) -> None:
@@ -163,6 +166,10 @@ class BalancedPacker:
         pieces = _join_runs(runs)
         peek = self.source.peek_token() if filled == need and pieces["continues"][-1] else None
         flat[filled] = self.pad_id if peek is None else peek
+        self._end = self.source.state_dict()
+        self._pieces = np.stack([pieces["stream"].astype(np.int64), pieces["shard"].astype(np.int64),
+                                 pieces["record"], pieces["token_start"], pieces["length"],
+                                 pieces["continues"].astype(np.int64)], 1).tolist()
         self._lay_out(flat, pieces, filled, peek is not None)
         return True
 
@@ -223,9 +230,14 @@ class BalancedPacker:
         self.source.close()
 
     def state_dict(self) -> PackerState:
+        """The interleaver's state at the window start and the window's rows handed out; the
+        window also says, for elastic resume, what it holds (``pieces``: ``[stream, shard,
+        record, token_start, length, continues]`` each, in the order taken) and the interleaver's state
+        at its end (``end``): ``window_rests`` turns them into work."""
         if self._flat is None or self._emitted == self._rows:
             return {"source": self.source.state_dict(), "window": None, "rows_emitted": 0}
-        return {"source": self._start, "window": True, "rows_emitted": self._emitted}
+        return {"source": self._start, "window": {"end": self._end, "pieces": self._pieces},
+                "rows_emitted": self._emitted}
 
     @staticmethod
     def source_state(state: PackerState):
@@ -233,11 +245,9 @@ class BalancedPacker:
         return state["source"]
 
     def check_state(self, state: PackerState) -> None:
-        check_state(state, STATE_KEYS, "Packer")
+        self.check_state_keys(state)
         if int(state["rows_emitted"]) < 0:
             raise ResumeMismatchError(f"Packer: rows_emitted {state['rows_emitted']} is negative")
-        if state["window"] not in (None, True):
-            raise ResumeMismatchError(f"Packer: window {str(state['window'])[:80]} is not that of balanced packing")
         self.source.check_state(state["source"])
 
     def load_state_dict(self, state: PackerState) -> None:
@@ -256,5 +266,46 @@ class BalancedPacker:
     @staticmethod
     def check_state_keys(state: PackerState) -> None:
         check_state(state, STATE_KEYS, "Packer")
-        if state["window"] not in (None, True):
-            raise ResumeMismatchError(f"Packer: window {str(state['window'])[:80]} is not that of balanced packing")
+        window = state["window"]
+        if not (window is None or (isinstance(window, dict) and {"end", "pieces"} <= set(window))):
+            raise ResumeMismatchError(f"Packer: window {str(window)[:80]} is not that of balanced packing")
+
+
+def saved_end(state: PackerState):
+    """The interleaver state a saved packer's work goes on from: the end of its open balanced
+    window (whose rest ``window_rests`` adds), else its ``source``."""
+    window = state.get("window") if isinstance(state, dict) else None
+    if isinstance(window, dict) and "end" in window:
+        return window["end"]
+    return state["source"]
+
+
+def window_rests(state: PackerState, seq_len: int, target: float, streams: int) -> tuple[Any, list[list[dict]]]:
+    """What a saved packer's open balanced window had not handed out, for elastic resume
+    (``resume/elastic.py``): ``(interleaver state, per stream shuffle-window rests)``.
+
+    The window's rows handed out hold a prefix of each of its pieces (``lay_out`` is a
+    function of the lengths, and a piece's parts take its tokens in row order), so each
+    piece's rest is its record from a token on: one single-record rest per piece not wholly
+    handed out. The window's last piece, when its document goes on past the window, is the
+    document the interleaver's state at the window end is inside of: that state is returned
+    with its stream's ``token_offset`` moved back to the piece's first token not handed out,
+    so the document's rest is read once, from there. Without an open window: the saved
+    ``source`` and no rests."""
+    out: list[list[dict]] = [[] for _ in range(streams)]
+    window = state.get("window") if isinstance(state, dict) else None
+    if not isinstance(window, dict) or "pieces" not in window:
+        return state["source"], out
+    pieces = np.asarray(window["pieces"], np.int64).reshape(-1, 6)
+    lay = lay_out(pieces[:, 4], seq_len, target)
+    done = lay["row"] < int(state["rows_emitted"])
+    given = np.bincount(lay["piece"][done], weights=lay["length"][done], minlength=len(pieces)).astype(np.int64)
+    end = copy.deepcopy(window["end"])
+    for i, ((stream, shard, record, token_start, length, continues), x) in enumerate(zip(pieces.tolist(),
+                                                                                        given.tolist())):
+        if i == len(pieces) - 1 and continues:
+            end["sources"][stream]["token_offset"] = token_start + x
+        elif x < length:
+            out[stream].append({"ranges": [[shard, record, record + 1]], "key": 0, "pos": 0,
+                                "offset": token_start + x, "tokens": length - x, "docs": 1})
+    return end, out
