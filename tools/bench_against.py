@@ -2,6 +2,7 @@
 
     python tools/bench_against.py [--rev HEAD~1] [--tokens 50e6] [--repeats 5]
                                   [--workers 0 2] [--section NAME] [--no-write]
+                                  [--packing MODE] [--other-packing MODE]
                                   [--resume [--positions 0.1 0.5 0.9]]
 
 The other commit's ``streamforge/`` is extracted with ``git archive`` under
@@ -12,6 +13,10 @@ processes, alternating trees within every repeat so machine noise hits both alik
 counts non-padding tokens delivered over the seconds from ``iter()`` to the end of the pass;
 with 0 workers the tool also reports tokens per CPU-second of the process (all its threads),
 which a shared machine disturbs far less than wall time.
+
+``--packing`` (this tree) and ``--other-packing`` (the other one; default the same) set the
+dataset's packing, so one tree can be timed in two modes (``--rev HEAD --packing balance
+--other-packing concat``).
 
 With ``--resume`` the tool times resumes instead of passes: this tree saves its loader's state
 at each of ``--positions`` of a pass (fractions of its batches), then each tree, in a fresh
@@ -43,7 +48,8 @@ PASS = r"""
 import json, sys, time
 from streamforge import PackedTokenDataset, StreamingLoader
 url, workers = sys.argv[1], int(sys.argv[2])
-loader = StreamingLoader(PackedTokenDataset(url, seq_len=2048, seed=0), batch_size=8, num_workers=workers)
+packing = {"packing": sys.argv[3]} if len(sys.argv) > 3 else {}
+loader = StreamingLoader(PackedTokenDataset(url, seq_len=2048, seed=0, **packing), batch_size=8, num_workers=workers)
 tokens = batches = 0
 start, cpu = time.perf_counter(), time.process_time()
 for batch in loader:
@@ -108,8 +114,8 @@ def run_in(tree: str, script: str, *args) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def one_pass(tree: str, url: str, workers: int) -> dict:
-    return json.loads(run_in(tree, PASS, url, workers))
+def one_pass(tree: str, url: str, workers: int, packing: str | None = None) -> dict:
+    return json.loads(run_in(tree, PASS, url, workers, *([packing] if packing else [])))
 
 
 def resumes(trees: dict, url: str, workers: int, positions: list[float], repeats: int) -> tuple[list, dict]:
@@ -153,6 +159,8 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--section", default="against", help="docs/benchmarks.md section (default %(default)s)")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--packing", help="this tree's packing (default: the dataset's, concat)")
+    p.add_argument("--other-packing", help="the other tree's packing (default: --packing)")
     p.add_argument("--resume", action="store_true", help="time resumes (build, load_state_dict, first batch)")
     p.add_argument("--positions", type=float, nargs="+", default=[0.1, 0.5, 0.9],
                    help="with --resume: where in the pass the states are saved (default %(default)s)")
@@ -179,17 +187,21 @@ def main(argv=None) -> None:
         dirty = False
     this_name = f"{head}{' + working tree' if dirty else ''}"
     command = f"python tools/bench_against.py --rev {args.rev}{f' --this {args.this}' if args.this else ''}"
+    packings = {"this": args.packing, "other": args.other_packing or args.packing}
+    if args.packing or args.other_packing:
+        command += f" --packing {packings['this'] or 'concat'} --other-packing {packings['other'] or 'concat'}"
+        this_name += f", packing={packings['this'] or 'concat'}"
     if args.resume:
         return resume_report(args, trees, meta, sha, this_name, command)
     rates: dict[tuple[str, int], list[float]] = {}
     cpu_rates: dict[tuple[str, int], list[float]] = {}
     for workers in args.workers:  # one uncounted warm-up pass per tree (page cache, imports)
-        for tree in trees.values():
-            one_pass(tree, meta["url"], workers)
+        for name, tree in trees.items():
+            one_pass(tree, meta["url"], workers, packings[name])
     for r in range(args.repeats):
         for workers in args.workers:
             for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
-                got = one_pass(trees[name], meta["url"], workers)
+                got = one_pass(trees[name], meta["url"], workers, packings[name])
                 rates.setdefault((name, workers), []).append(got["tokens"] / got["seconds"])
                 cpu_rates.setdefault((name, workers), []).append(got["tokens"] / got["cpu_seconds"])
                 print(f"repeat {r + 1}/{args.repeats} workers={workers} {name}: "
@@ -201,10 +213,18 @@ def main(argv=None) -> None:
         if workers == 0:
             a, b = statistics.median(cpu_rates[("this", 0)]), statistics.median(cpu_rates[("other", 0)])
             rows.append(f"| 0, per CPU-second of the process | {a / 1e6:.1f}M | {b / 1e6:.1f}M | {a / b:.3f} |")
-    report(args, f"## This tree against `{sha}` (`tools/bench_against.py`)",
+    heading = f"## This tree against `{sha}` (`tools/bench_against.py`)"
+    if args.packing or args.other_packing:
+        heading = (f"## packing={packings['this'] or 'concat'} against packing={packings['other'] or 'concat'} "
+                   "(`tools/bench_against.py`)")
+    report(args, heading,
            f"{setting(command, meta)}; one pass of 8x2048 batches per run, fresh process per run, trees "
            f"alternated; medians of {args.repeats}.",
-           f"| num_workers | this ({this_name}) tokens/s | `{sha}` tokens/s | ratio |", rows)
+           f"| num_workers | this ({this_name}) tokens/s | `{sha}`{other_packing(packings)} tokens/s | ratio |", rows)
+
+
+def other_packing(packings: dict) -> str:
+    return f", packing={packings['other'] or 'concat'}" if packings["this"] or packings["other"] else ""
 
 
 def report(args, heading: str, intro: str, header: str, rows: list[str]) -> None:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..pipeline.batch import RowBatch
+from ..pipeline.cost import piece_row_costs
 from ..planning.schedule import MixtureSchedule
 from ..stages.base import check_state
 
@@ -39,6 +40,7 @@ class Tally(NamedTuple):
     num_tokens: int
     tokens: list
     documents: list
+    pieces: tuple = ()  # (start, length, seq_len, rows): what ``step_cost`` needs
 
 
 class Counters:
@@ -57,6 +59,7 @@ class Counters:
         # a numpy call right after an idle step costs tens of microseconds
         zeros = (0,) * n
         self.totals = Totals(zeros, zeros, tuple(zeros for _ in schedule.starts))
+        self.last: Tally | None = None  # the last batch handed out (``step_cost``)
 
     @property
     def tokens(self) -> list[int]:
@@ -87,10 +90,11 @@ class Counters:
         n = len(self.names)
         num_tokens = int(rows.length.sum())
         starts = rows.token_start == 0
+        pieces = (rows.start.copy(), rows.length.copy(), rows.seq_len, rows.num_rows)
         if n == 1:  # one stream: no bincount
-            return Tally(num_tokens, [num_tokens], [int(np.count_nonzero(starts))])
+            return Tally(num_tokens, [num_tokens], [int(np.count_nonzero(starts))], pieces)
         tokens = np.bincount(rows.stream, weights=rows.length, minlength=n).astype(np.int64).tolist()
-        return Tally(num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist())
+        return Tally(num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist(), pieces)
 
     def after(self, tally: Tally, step: int) -> Totals:
         """The totals once a batch of ``tally`` is handed out at global ``step`` (nothing changes)."""
@@ -209,3 +213,15 @@ def _ratios(total: dict[str, Any]) -> None:
     if "bytes_fetched" in total and "bytes_needed" in total:
         needed = total["bytes_needed"]
         total["read_amplification"] = total["bytes_fetched"] / needed if needed else 0.0
+
+
+def step_cost(tally: Tally | None, step: int) -> dict[str, Any] | None:
+    """The attention cost (``pipeline/cost.py``, ``sum(L ** 2)`` over the document pieces of
+    each row) of the batch of ``tally``, handed out at ``step``: the batch's and its costliest
+    row's; None before the first batch."""
+    if tally is None or not tally.pieces:
+        return None
+    start, length, seq_len, rows = tally.pieces
+    costs = piece_row_costs(start, length, seq_len, rows)
+    return {"step": step, "cost": float(costs.sum()), "max_row": float(costs.max()) if len(costs) else 0.0,
+            "rows": int(rows)}

@@ -368,7 +368,7 @@ class StreamingLoader:
                 batch = None if dropped else feed.hand_out(got)
                 totals = counters.after_skip(item.tally) if dropped else counters.after(item.tally, item.step)
                 # The commit: plain stores and the yield, where CPython runs no signal handler.
-                counters.totals = totals
+                counters.totals, counters.last = totals, item.tally
                 clock.worker_states[item.logical] = item.state
                 if item.stats is not None:  # workers send their counters with every message
                     self._stats[item.logical] = item.stats

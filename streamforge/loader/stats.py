@@ -8,7 +8,7 @@ from typing import Any
 
 from ..pipeline import core
 from . import mixture
-from .counters import storage_totals
+from .counters import step_cost, storage_totals
 
 
 def loader_stats(loader: Any) -> dict[str, Any]:
@@ -17,6 +17,8 @@ def loader_stats(loader: Any) -> dict[str, Any]:
     out = loader.counters.report(loader.step)
     out.update({"pass": loader.clock.pass_idx, "batch": loader.clock.batch, "skip_steps": loader.skip_steps.to_list()})
     out["batch_size"], out["seq_len"] = loader.batch_size, loader.seq_len  # the next step's (by step)
+    # the attention cost of the batch last handed out (pipeline/cost.py), at the step before this one
+    out["step_cost"] = step_cost(loader.counters.last, loader.step - 1)
     out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
     if not loader.infinite:
         out["steps_per_pass"], out["mixture"] = loader.steps_per_pass, mixture.report(loader)

@@ -16,6 +16,7 @@ from ..planning.readings import check_repeat
 from ..stages.pack import MODES
 
 BOUNDARIES = ("document", "stream")
+PACKINGS = MODES + ("balance",)  # balance: stages/balance.py
 
 
 @dataclass
@@ -86,8 +87,8 @@ class PipelineConfig:
             raise ConfigError(f"shuffle_buffer must be >= 1 document, got {self.shuffle_buffer}")
         if self.shuffle_warmup < 0:
             raise ConfigError(f"shuffle_warmup must be >= 0 documents (0: no warm-up), got {self.shuffle_warmup}")
-        if self.packing not in MODES:
-            raise ConfigError(f"packing must be one of {MODES}, got {self.packing!r}")
+        if self.packing not in PACKINGS:
+            raise ConfigError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if self.boundary not in BOUNDARIES:
             raise ConfigError(f"boundary must be one of {BOUNDARIES}, got {self.boundary!r}")
         if self.bestfit_window < 1:
@@ -171,7 +172,8 @@ class PackingConfig:
 
     Args:
         mode: ``"concat"`` (documents end to end, cut at row ends), ``"pad"`` (whole
-            documents, each row padded) or ``"bestfit"`` (whole documents, best fit).
+            documents, each row padded), ``"bestfit"`` (whole documents, best fit) or
+            ``"balance"`` (rows of equal attention cost; ``stages/balance.py``).
         bestfit_window: the documents ``"bestfit"`` chooses among.
     """
 

@@ -64,3 +64,27 @@ class AttentionCost:
     def batch(self, doc_ids) -> float:
         """The cost of a whole batch: the sum of its rows'."""
         return float(self.rows(doc_ids).sum())
+
+
+def piece_row_costs(start, length, seq_len: int, rows: int, model: AttentionCost | None = None) -> np.ndarray:
+    """The cost of each of ``rows`` rows of a packed batch from its pieces (``RowBatch.start``
+    and ``.length``: offsets into the flattened ``[rows, seq_len]`` batch; a piece may run over
+    row ends, where it is cut), without expanding ``doc_ids``: equal to ``model.rows(doc_ids)``."""
+    model = model or AttentionCost()
+    start = np.asarray(start, np.int64)
+    end = start + np.asarray(length, np.int64)
+    keep = end > start
+    start, end = start[keep], end[keep]
+    first, last = start // seq_len, (end - 1) // seq_len
+    head = np.minimum(end, (first + 1) * seq_len) - start
+    out = np.bincount(first, weights=model.pieces(head), minlength=rows)
+    over = last > first
+    if over.any():
+        tail = end[over] - last[over] * seq_len
+        out += np.bincount(last[over], weights=model.pieces(tail), minlength=rows)
+        inner = last[over] - first[over] - 1
+        if inner.any():
+            full_rows = np.repeat(first[over] + 1, inner) + (
+                np.arange(int(inner.sum())) - np.repeat(np.cumsum(inner) - inner, inner))
+            out += np.bincount(full_rows, minlength=rows) * float(model.pieces([seq_len])[0])
+    return out[:rows]

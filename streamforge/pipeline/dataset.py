@@ -41,6 +41,7 @@ from .config import (  # noqa: F401 - re-exported: the dataset's settings are im
     BOUNDARIES, PackingConfig, PipelineConfig, ShuffleConfig, Stream, _normalize_streams, _refuse_empty_streams,
     _PACKING, _SHUFFLE, _settings, scheduled, whole,
 )
+from ..stages.balance import balanced_target
 from .foreign import refuse_foreign_sharding
 from .repeats import check_readings, describe_readings, resolve_repeats
 from .worker import WorkerPipeline  # noqa: F401 - re-exported
@@ -57,8 +58,9 @@ class PackedTokenDataset(IterableDataset):
         seed: the seed of every shuffle (with the stream, pass and worker).
         shuffle: the shuffle windows (``ShuffleConfig``); ``shuffle_buffer=`` and
             ``shuffle_warmup=`` are the older spelling and keep working.
-        packing: ``"concat"``, ``"pad"`` or ``"bestfit"``, or a ``PackingConfig`` (which also
-            holds ``bestfit_window``, the older keyword, which keeps working).
+        packing: ``"concat"``, ``"pad"``, ``"bestfit"`` or ``"balance"`` (rows of equal
+            attention cost, docs/batch.md), or a ``PackingConfig`` (which also holds
+            ``bestfit_window``, the older keyword, which keeps working).
         eos_id: the token appended to documents that lack one (default: the manifests').
         pad_id: the token of padding positions.
         infinite: passes follow each other without end, each stream on its own.
@@ -172,6 +174,7 @@ class PackedTokenDataset(IterableDataset):
         check_readings(self)
         self.repeats: list[float] = []
         self.bind_batch(StepSchedule.build("batch_size", 1))
+        self.balance_target = balanced_target(self)  # packing="balance": the row cost aimed at
 
     def bind_batch(self, batch_sizes: StepSchedule) -> None:
         """Plan with ``batch_sizes`` rows per rank and step (a loader's, by step): the readings

@@ -467,9 +467,9 @@ def _row_batch(tokens: np.ndarray, lookahead: np.ndarray, parts: list[tuple]) ->
 
 
 def check_eval_config(packing: str, infinite: bool, eval_tokens: int | None) -> None:
-    if packing == "bestfit":
+    if packing in ("bestfit", "balance"):
         raise ConfigError(
-            "packing='bestfit' cannot be used with evaluation=True: its rows depend on the documents "
+            f"packing={packing!r} cannot be used with evaluation=True: its rows depend on the documents "
             "each worker's window holds, so the loss would change with the topology; use 'concat' or 'pad'"
         )
     if infinite:

@@ -14,9 +14,10 @@ import numpy as np
 from ..errors import ResumeMismatchError
 from ..planning.plan import PassPlan
 from ..planning.planner import worker_work
+from ..stages.balance import BalancedPacker, saved_end
 from ..stages.base import check_state
 from ..stages.interleave import Interleaver
-from ..stages.pack import Packer, PackerState
+from ..stages.pack import STATE_KEYS as PACKER_KEYS, Packer, PackerState
 from ..stages.read import ShardReader
 from ..stages.shuffle import ShuffleBuffer, ShuffleState
 from .batch import RowBatch, pad_to_rows
@@ -84,10 +85,14 @@ class WorkerPipeline:
         self.buffers = buffers
         self.interleaver = Interleaver(buffers, dataset.schedule)
         self.seq_lens = dataset.seq_lens  # the row length by step (planning/steps.py)
-        self.packer = Packer(
-            self.interleaver, seq_len=self.seq_lens.at(self.step), mode=cfg.packing, pad_id=cfg.pad_id,
-            dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window, varies=self.seq_lens.constant is None,
-        )
+        if cfg.packing == "balance":
+            self.packer = BalancedPacker(self.interleaver, seq_len=self.seq_lens.at(self.step),
+                                         target=dataset.balance_target, pad_id=cfg.pad_id, dtype=dataset.token_dtype)
+        else:
+            self.packer = Packer(
+                self.interleaver, seq_len=self.seq_lens.at(self.step), mode=cfg.packing, pad_id=cfg.pad_id,
+                dtype=dataset.token_dtype, bestfit_window=cfg.bestfit_window, varies=self.seq_lens.constant is None,
+            )
 
     @property
     def step(self) -> int:
@@ -147,7 +152,8 @@ class WorkerPipeline:
         """Each stream's shuffle-buffer state nested in a saved pipeline state (the one walk
         down the nesting: read a stream's cursor from it with ``ShuffleBuffer.saved_cursor``)."""
         check_state(state, STATE_KEYS, "WorkerPipeline")
-        return Interleaver.source_states(Packer.source_state(state["packer"]))
+        check_state(state["packer"], PACKER_KEYS, "Packer")
+        return Interleaver.source_states(saved_end(state["packer"]))
 
     def seek(self, positions: Sequence[tuple[int, int]]) -> None:
         """Start each stream ``records`` into this worker's ranges of ``pass`` (one

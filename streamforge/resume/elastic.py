@@ -36,6 +36,8 @@ from ..planning.plan import PassPlan, Range, plan_shape, steps_for, worker_rows
 from ..planning.steps import StepSchedule
 from ..planning.planner import worker_work
 from ..planning.readings import count as reading_count
+from ..stages.balance import window_rests
+from ..stages.interleave import Interleaver
 from .cut_replan import assign_token_work
 from .cut_work import pass_unassigned, rest_unassigned, split_cut_records, use_saved_cuts
 from .probes import buffer_work_left
@@ -64,13 +66,18 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
                 streams[i]["windows"] += [dict(u) for u in buffer.windows_for(pass_idx)] + units
             continue
 
-        for i, (buffer, stream_state) in enumerate(zip(buffers, WorkerPipeline.stream_states(worker_state))):
+        stream_states, rests = WorkerPipeline.stream_states(worker_state), [[]] * len(streams)
+        if dataset.config.packing == "balance":  # the rest of an open balanced window (stages/balance.py)
+            end, rests = window_rests(worker_state["packer"], dataset.config.seq_len, dataset.balance_target,
+                                      len(streams))
+            stream_states = Interleaver.source_states(end)
+        for i, (buffer, stream_state) in enumerate(zip(buffers, stream_states)):
             p, ranges, units = buffer_work_left(buffer, stream_state)
             if p != pass_idx:  # a finite reader never leaves its pass
                 continue
             ranges, pieces = split_cut_records(ranges, buffer.source.source, dataset.eos_appended[i])
             streams[i]["ranges"] += ranges
-            streams[i]["windows"] += units + pieces
+            streams[i]["windows"] += units + pieces + rests[i]
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
         s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))
