@@ -374,3 +374,22 @@ def test_find_overlaps_matches_brute_force(items):
     for i, j in zip(later.tolist(), earlier.tolist()):
         assert i != j and meets(i, j)
     assert len(set(later.tolist())) == len(later)
+
+
+def test_an_elastic_resume_reports_what_its_re_plan_drops(corpus, tmp_path):
+    """The re-plan of an elastic resume takes every token the saved job had not handed out,
+    its workers' surplus included: the pass drops what the re-plan drops, and the ledger says
+    so (it used to report the first plan's figure, 104 tokens, against 1,256 not delivered)."""
+    url = tmp_path / "ledger"
+    first = _loader(corpus, url)
+    take(first, 30)
+    state = first.state_dict()
+    first.ledger.close()
+    resumed = _loader(corpus, url, num_workers=2)
+    resumed.load_state_dict(state)
+    assert resumed.resume_report.mode == "elastic"
+    take(resumed)
+    report = check(read_ledger(str(url)))
+    assert report["ok"], report["problems"]
+    p = report["passes"][0]
+    assert p["not_delivered_tokens"] == p["dropped_tokens"] == resumed.stats()["dropped_tokens"] <= p["drop_bound"]

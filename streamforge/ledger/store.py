@@ -473,7 +473,7 @@ def _unique(items: list[dict]) -> list[dict]:
 def _full_plan(items: list[dict]) -> dict:
     """A pass's plan summary: the latest one made from the whole pass, extended by the plans
     of what later resumes (elastic or statistical) left of it: the pass ends where the last of
-    them ends, and each re-plan adds its own drop bound."""
+    them ends, each re-plan adds its own drop bound, and the pass drops what the last one drops."""
     whole = [i for i in items if not i.get("remaining")]
     base = dict((whole or items)[-1])
     later = [i for i in items if i.get("remaining") and i["first_step"] >= base["first_step"]]
@@ -481,5 +481,8 @@ def _full_plan(items: list[dict]) -> dict:
         last = later[-1]
         base["steps"] = last["first_step"] + last["steps"] - base["first_step"]
         base["drop_bound"] = base["drop_bound"] + sum(i["drop_bound"] for i in later)
+        # the last re-plan holds all the work its predecessors left, their surplus included:
+        # what it drops is what the pass drops
+        base["dropped_tokens"] = last["dropped_tokens"]
         base["replans"] = len(later)
     return base
