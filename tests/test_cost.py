@@ -89,3 +89,21 @@ def test_gpu_attention_cost_tool_runs_at_toy_size_on_cpu(capsys):
                                     "--head-dim", "8", "--repeats", "1", "--ranks", "4"]) == 0
     out = capsys.readouterr().out
     assert "concat" in out and "balanced" in out and "pooled" in out
+
+
+def test_gpu_balance_tool_runs_at_toy_size_on_cpu(capsys):
+    """tools/gpu_balance.py's own code (concat and balanced batches per rank, timing, the
+    figures) on CPU, eagerly; its doc-id batches cost what the packer's rows cost."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import gpu_balance
+
+    assert gpu_balance.main(["--device", "cpu", "--seq-len", "256", "--ranks", "2", "--steps", "2", "--batch", "1",
+                             "--heads", "1", "--head-dim", "8", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "concat" in out and "balance" in out and "straggler measured" in out
+    lengths = gpu_balance.document_lengths(3000, seed=0)
+    batches = gpu_balance.concat_batches(lengths, 256, 2, 3)
+    assert [b.shape for b in batches] == [(2, 256)] * 3 and all((b >= 0).all() for b in batches)
