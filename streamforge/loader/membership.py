@@ -93,7 +93,7 @@ class Membership:
     def _apply(self, step: int) -> None:
         """The loader set to this participant's position at ``step`` of the segment holding it."""
         loader, clock = self.loader, self.loader.clock
-        if loader.pass_over():
+        if clock.plan is not None and loader.pass_over():  # (a restored clock has no plan yet)
             loader._end_pass()
         if self.planner is None or self.planner.pass_idx != clock.pass_idx:
             rest = clock.rest
@@ -103,6 +103,11 @@ class Membership:
             self.planner = MembershipPlanner(self.base, workers_per_rank=loader.num_logical,
                                              batch_sizes=loader.batch_sizes, pass_idx=clock.pass_idx,
                                              first_step=clock.first_step, rest=rest)
+        end = self.planner.segments(self.history, step)[-1].end
+        if step >= end > self.planner.first_step:  # the pass ended before ``step``: the next one from its end
+            clock.start(self.planner.pass_idx + 1, end)
+            self.planner = None
+            return self._apply(step)
         tally = loader.counters.tally
         seg, states, tokens = self.planner.position(self.history, step, self.rank,
                                                     lambda rows: tally(rows).num_tokens)
