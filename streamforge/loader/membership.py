@@ -137,9 +137,12 @@ class Membership:
                               "participants) with it among them before iterating")
         self._next_pass()
         self._inner = loader._iterate()
+        serving = None  # the pass this iteration hands out: a change at its end ends the iteration
         try:
             while True:
                 if self._inner is None:  # stopped by a change: continue on the new plan
+                    if serving is not None and (loader.clock.pass_idx != serving or loader.pass_over()):
+                        return
                     self._next_pass()
                     self._inner = loader._iterate()
                 before = self._snapshot()
@@ -147,6 +150,7 @@ class Membership:
                     batch = next(self._inner)
                 except StopIteration:
                     return
+                serving = loader.clock.pass_idx
                 self._before = before
                 yield batch
         finally:
