@@ -57,9 +57,10 @@ class Membership:
     # -- changes ---------------------------------------------------------------------------
     def set(self, step: int, participants: Any, rank: int | None = None) -> None:
         loader = self.loader
-        if loader.evaluation or loader.infinite:
-            raise ConfigError("set_membership: live membership re-plans a finite training pass "
-                              "(not an evaluation loader, nor infinite=True)")
+        if loader.evaluation or loader.infinite or loader.dataset.config.packing == "bestfit":
+            raise ConfigError("set_membership: live membership re-plans a finite training pass in concat or pad "
+                              "packing, as elastic resume does (not an evaluation loader, infinite=True nor "
+                              "packing='bestfit')")
         n = count(participants)
         rank = self._rank_of(participants, n, rank)
         step = int(step)
