@@ -234,3 +234,29 @@ def test_bad_membership_is_refused_clearly(corpus):
         ld.set_membership(3, {0, 1})
     with pytest.raises(ConfigError, match="at least one"):
         ld.set_membership(0, set())
+
+
+@pytest.mark.parametrize("chunk_steps", [64, 1])
+def test_a_batch_put_back_leaves_the_ledger(corpus, tmp_path, chunk_steps):
+    """The ledger of a participant holds each step it trained once: a batch put back by a
+    change is taken out of it (still buffered) or voided (already written), and the step
+    rebuilt on the new plan is recorded instead."""
+    from streamforge import LedgerConfig, read_ledger
+
+    ld = StreamingLoader(dataset(corpus, [0.5, 0.3, 0.2], rank=0, world_size=2, seq_len=48, provenance=True),
+                         batch_size=2, ledger=LedgerConfig(str(tmp_path / "ledger"), chunk_steps=chunk_steps))
+    it = iter(ld)
+    got = {}
+    for s in range(10):
+        batch = next(it)
+        if s == 7:
+            ld.set_membership(7, {0})  # after the batch of step 7 was handed out: put back
+            batch = next(it)
+        got[s] = _pieces(batch)
+    ld.state_dict()  # writes the ledger
+    ledger = read_ledger(str(tmp_path / "ledger"))
+    steps = ledger.steps["step"].tolist()
+    assert sorted(steps) == list(range(10))
+    pieces = ledger.pieces
+    mine = pieces["step"] == 7
+    assert int(pieces["length"][mine].sum()) == int(got[7][:, 4].sum())
