@@ -19,6 +19,7 @@ from it, its rank given by ``set_membership`` or the dataset's.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 from ..errors import ConfigError, ResumeMismatchError
@@ -33,7 +34,9 @@ class Membership:
     """The live membership of one ``StreamingLoader`` (``loader.membership``)."""
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
+        # a proxy, as the checkpointer's: a loader dropped by the trainer is freed (its ledger
+        # flushed) at once, not at the next collection
+        self.loader = weakref.proxy(loader)
         self.base = loader.dataset  # its topology: this participant's id among all
         self.history: list[tuple[int, int]] | None = None
         self.rank = self.base.rank
