@@ -330,7 +330,7 @@ class StreamingLoader:
         return True
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return membership.Membership.of(self).iterate()  # plain, until set_membership
+        return membership.Membership.of(self).iterate(self)  # plain, until set_membership
 
     def set_membership(self, step: int, participants: Any, rank: int | None = None) -> None:
         """From global ``step`` on, ``participants`` (their number, or them) are live: re-plans the pass there."""

@@ -36,7 +36,7 @@ class Membership:
     def __init__(self, loader: Any) -> None:
         # a proxy, as the checkpointer's: a loader dropped by the trainer is freed (its ledger
         # flushed) at once, not at the next collection
-        self.loader = weakref.proxy(loader)
+        self.loader = loader if isinstance(loader, weakref.ProxyTypes) else weakref.proxy(loader)
         self.base = loader.dataset  # its topology: this participant's id among all
         self.history: list[tuple[int, int]] | None = None
         self.rank = self.base.rank
@@ -133,9 +133,9 @@ class Membership:
         self._apply(clock.step)
 
     # -- in flight -------------------------------------------------------------------------
-    def iterate(self) -> Iterator:
-        """The loader's batches, restarted on the new plan at a membership change."""
-        loader = self.loader
+    def iterate(self, loader: Any) -> Iterator:
+        """The loader's batches, restarted on the new plan at a membership change (``loader``:
+        the loader itself, held while it iterates)."""
         if self._joining:
             raise ConfigError("this participant is not live at the restored step: call set_membership(step, "
                               "participants) with it among them before iterating")
