@@ -49,8 +49,11 @@ class FaultTolerantData:
     """A ``StreamingLoader`` fed by a torchft ``Manager``'s quorums (see the module docstring).
 
     Args:
-        loader: the group's loader; its dataset's ``rank`` is the replica group's index and its
-            ``world_size`` the most groups (every group must build the same dataset).
+        loader: the group's loader; its dataset's ``rank`` is the replica group's index times the
+            group's ranks plus the rank in the group, its ``world_size`` the most groups times the
+            group's ranks (with one rank a group: the group's index, the most groups); every group
+            builds the same dataset. Ranks of a group that must get the same batches (tensor
+            parallel) are not supported here: give each group one data-parallel rank per process.
         manager: the group's ``torchft.Manager`` (``use_async_quorum=False``).
         register: register the loader's state with ``manager`` for healing (default True).
     """
@@ -86,6 +89,9 @@ class FaultTolerantData:
         if rank is None:
             raise ConfigError(f"replica group is not a participant of the quorum at step {step}: "
                               "FaultTolerantData deals data to participants only")
+        # a group of several data-parallel ranks (FSDP inside the group): each is a participant
+        per_group = int(getattr(manager, "_group_world_size", 1) or 1)
+        n, rank = n * per_group, int(rank) * per_group + int(getattr(manager, "_group_rank", 0) or 0)
         if self._healed is not None:  # from the step and the history alone
             state, self._healed = self._healed, None
             if state.get("kind") is not None:  # (none: the sender's first quorum, no history yet)

@@ -64,6 +64,8 @@ class Membership:
             raise ConfigError("set_membership: live membership re-plans a finite training pass in concat or pad "
                               "packing, as elastic resume does (not an evaluation loader, infinite=True nor "
                               "packing='bestfit')")
+        if loader.shares_reads:
+            raise ConfigError("set_membership: read_once replicas are not supported with a live membership")
         n = count(participants)
         rank = self._rank_of(participants, n, rank)
         step = int(step)
