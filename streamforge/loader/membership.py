@@ -198,11 +198,13 @@ class Membership:
         if loader.ledger is not None:
             loader.ledger.flush()
         step, planner = clock.step, self.planner
+        pass_idx, first, rest = ((planner.pass_idx, planner.first_step, planner.rest) if planner is not None
+                                 else (clock.pass_idx, clock.first_step, clock.rest))  # (restored, not live yet)
         return {
             "kind": KIND, "version": VERSION, "fingerprint": loader.fingerprint, "step": step,
             "history": [[s, n] for s, n in self.history],
-            "pass": planner.pass_idx, "pass_first_step": planner.first_step,
-            "remaining": None if planner.rest is None else planner.rest.to_state(),
+            "pass": pass_idx, "pass_first_step": first,
+            "remaining": None if rest is None else rest.to_state(),
             "generation": self.base.resume_generation, "skip_steps": loader.skip_steps.to_list(),
         }
 
