@@ -56,7 +56,7 @@ def main(corpus, group, groups, log_path, lighthouse):
                                       "pieces": seg[seg[:, 0] >= 0].tolist()}) + "\n")
                 log.flush()
             optimizer.zero_grad()
-            time.sleep(0.05 if manager.num_participants() > 1 else 0.25)  # alone: slower, so a group can rejoin
+            time.sleep(0.05 if manager.num_participants() > 1 else 0.4)  # alone: slower, so a group can rejoin
         log.write(json.dumps({"end": loader.step, "group": group, "state": loader.state_dict()}) + "\n")
     manager.shutdown(wait=False)
 
