@@ -54,7 +54,7 @@ class Checkpointer:
         """The job's state after the last batch handed out (``state.py``); changes nothing."""
         loader, clock = self.loader, self.loader.clock
         self._refuse_state()
-        if loader.membership is not None and loader.membership.active:  # live participants: the history, the same everywhere
+        if loader.membership is not None and loader.membership.active:  # the history, the same everywhere
             return loader.membership.state_dict()
         if loader.ledger is not None:  # a checkpoint never lacks its steps in the ledger
             loader.ledger.flush()
