@@ -1,7 +1,8 @@
 """The real torchft: a lighthouse and two replica groups, each its own torchrun job (one
 process, gloo on CPU, loopback). Group 1 is killed mid-pass and restarted; it heals and
-rejoins; later group 0 is killed and restarted the same way. Every token of the pass is trained exactly once across the groups: the committed
-steps' document pieces, logged by each group, overlap nowhere and leave out at most the
+rejoins; later group 0 is killed and restarted the same way. Every token of the pass is
+trained exactly once across the groups: the committed steps' document pieces, logged by each
+group, are the plan's for their step and position, overlap nowhere and leave out at most the
 plan's drop bound."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SPEC = (("code", 30, 120), ("web", 90, 40))
 
 
 def _launch(corpus, group, log, lighthouse, out):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path,
            "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_addr=127.0.0.1",
