@@ -145,7 +145,7 @@ def section(res: dict, args, command: str) -> str:
         "",
         f"The replay grows with the batches the participants built since the segment began: "
         f"{per_batch * 1e6:.0f} us a batch of {args.batch} x {args.seq_len} tokens here with the record indexes "
-        f"read ({per * 1e9:.0f} s per billion tokens; the fresh loader's change grows faster), on top of a "
+        f"read ({per * 1e9:.0f} s per billion tokens), on top of a "
         f"fixed {first['replay_s'] - per * first['tokens_replayed']:.2f} s (every "
         "participant's pipelines built once). work_left and remaining_plan depend on the participants and the "
         "shards, not on S. Every participant computes the same re-plan alone, in parallel with the others; the "
