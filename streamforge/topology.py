@@ -81,7 +81,8 @@ class Topology:
             ``"torch.distributed"``, ``"environment"`` (``RANK``/``WORLD_SIZE``),
             ``"default"`` (none of those: 0 of 1), ``"pending"`` (only one of ``RANK`` and
             ``WORLD_SIZE`` was set: resolved when first used, see ``checked``), ``"mesh"``,
-            ``"group"``. Not compared.
+            ``"group"``, ``"membership"`` (a live participant's position among the live ones,
+            ``loader/membership.py``: not checked against a process group). Not compared.
     """
 
     rank: int
@@ -147,7 +148,7 @@ class Topology:
         topology from defaults or a part-set environment is resolved from the environment
         where it is now set, and ``RANK`` without ``WORLD_SIZE`` (or the reverse) is a
         ``ConfigError``."""
-        if self.source in ("mesh", "group"):
+        if self.source in ("mesh", "group", "membership"):
             return self
         dist = _dist()
         if dist is None:  # a DataLoader worker, or a job without a group: the environment decides

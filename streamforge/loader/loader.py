@@ -15,15 +15,14 @@ pipeline state sent along with the last batch *handed to the caller* (batches st
 prefetched in workers do not count). On resume, DataLoader worker ``k`` plays logical worker
 ``(k + i) % W`` so the first batch comes from the right one. Saving that state and the exact,
 elastic and statistical ways of resuming from it belong to the loader's ``Checkpointer``
-(``resume/checkpoint.py``).
+(``resume/checkpoint.py``); live participants that come and go, to ``membership.py``.
 
 Head start. With worker processes, the first batch of an iteration is built in this process
 (``_head_start``: the logical worker's pipeline from its state, without read-ahead threads,
 closed before any fork; a restored window fetches its first batch's frames on threads joined
 before the read returns, ``ShardSource.fetch_now``), and the worker processes start from the
-state after it: the trainer's first step does not wait for processes to start, build their
-pipelines and fill their first windows, and the workers start while that step runs
-(docs/design.md gives the figures).
+state after it: the first step does not wait for processes to start, build their pipelines and
+fill their first windows, and the workers start while it runs (docs/design.md has the figures).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from ..planning.schedule import SkipRanges
 from ..planning.steps import batch_schedule
 from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
-from . import collector, mixture
+from . import collector, membership, mixture
 from .clock import Clock
 from .counters import Counters
 from .device import DeviceFeed, check_depth, default_device, taken
@@ -147,6 +146,7 @@ class StreamingLoader:
         if ledger is None and ledger_dir is not None:
             ledger = LedgerConfig(ledger_dir, ledger_options)
         self.read_once = bool(read_once)
+        self.membership: membership.Membership | None = None  # live participants (set_membership)
         self._ledger_config = ledger
         self._bind()
         self.checkpointer = Checkpointer(self)
@@ -331,6 +331,13 @@ class StreamingLoader:
         return True
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return membership.Membership.of(self).iterate(self)  # plain, until set_membership
+
+    def set_membership(self, step: int, participants: Any, rank: int | None = None) -> None:
+        """From global ``step`` on, ``participants`` (their number, or them) are live: re-plans the pass there."""
+        membership.Membership.of(self).set(step, participants, rank)
+
+    def _iterate(self) -> Iterator[dict[str, torch.Tensor]]:
         self.check_topology()
         clock = self.clock
         if self.evaluation:  # every iteration is the same pass, from the top

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from ..errors import ConfigError, ResumeMismatchError
 from ..loader.clock import PassRest
 from ..loader.counters import spread
+from ..loader.membership import KIND as MEMBERSHIP, Membership
 from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
 from ..planning.steps import step_at_tokens
@@ -54,6 +55,8 @@ class Checkpointer:
         """The job's state after the last batch handed out (``state.py``); changes nothing."""
         loader, clock = self.loader, self.loader.clock
         self._refuse_state()
+        if loader.membership is not None and loader.membership.active:  # the history, the same everywhere
+            return loader.membership.state_dict()
         if loader.ledger is not None:  # a checkpoint never lacks its steps in the ledger
             loader.ledger.flush()
         counters = loader.counters.state_dict()
@@ -90,6 +93,10 @@ class Checkpointer:
         """Continue from ``state`` (``StreamingLoader.load_state_dict`` says how)."""
         loader = self.loader
         self._refuse_state()
+        if isinstance(state, Mapping) and state.get("kind") == MEMBERSHIP:  # loader/membership.py
+            Membership.of(loader).load_state_dict(dict(state))
+            self._ledger_restart()
+            return
         if mode not in (None, "statistical"):
             raise ConfigError(f"mode must be None (the best the state allows) or 'statistical', got {mode!r}")
         state = copy.deepcopy(unpack_state(state))

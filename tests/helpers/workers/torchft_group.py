@@ -1,0 +1,65 @@
+"""One torchft replica group (one process, under its own torchrun, gloo on CPU): trains a tiny
+model on a StreamingLoader fed through FaultTolerantData, and logs every committed step's
+document pieces (one JSON line a step) for the test to account for every token.
+
+Args: corpus directory, group index, most groups, log path, lighthouse address."""
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torchft import Manager, ProcessGroupGloo
+
+from helpers.pipeline import dataset
+from streamforge import StreamingLoader
+from streamforge.integrations.torchft import FaultTolerantData
+
+
+def build(corpus, group, groups):
+    """The loader of every group (the test rebuilds it to read the final state)."""
+    names = sorted(p.name for p in Path(corpus).iterdir())
+    ds = dataset({n: (str(Path(corpus) / n), None) for n in names}, [0.6, 0.4], seq_len=32, shuffle_buffer=8,
+                 provenance=True, rank=group, world_size=groups)
+    return StreamingLoader(ds, batch_size=1, num_workers=1)
+
+
+def main(corpus, group, groups, log_path, lighthouse):
+    Path(f"{log_path}.pid").write_text(str(os.getpid()))  # the test kills this process by its pid
+    loader = build(corpus, group, groups)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 8), torch.nn.Linear(8, 1000))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), load_state_dict=model.load_state_dict,
+        state_dict=model.state_dict, min_replica_size=1, use_async_quorum=False, replica_id=f"group{group}",
+        lighthouse_addr=lighthouse, hostname="127.0.0.1", timeout=timedelta(seconds=5),
+        quorum_timeout=timedelta(seconds=30), connect_timeout=timedelta(seconds=10),
+    )
+    data = FaultTolerantData(loader, manager)
+    with open(log_path, "a") as log:
+        for batch in data:
+            step = manager.current_step()
+            logits = model(batch["input_ids"])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+            loss.backward()
+            for p in model.parameters():
+                manager.allreduce(p.grad).wait()
+            if manager.should_commit():
+                optimizer.step()
+                seg = batch["segments"].reshape(-1, 5)
+                log.write(json.dumps({"step": step, "group": group, "rank": manager.participating_rank(),
+                                      "n": manager.num_participants(),
+                                      "pieces": seg[seg[:, 0] >= 0].tolist()}) + "\n")
+                log.flush()
+            optimizer.zero_grad()
+            time.sleep(0.05 if manager.num_participants() > 1 else 0.4)  # alone: slower, so a group can rejoin
+        log.write(json.dumps({"end": loader.step, "group": group, "state": loader.state_dict()}) + "\n")
+    manager.shutdown(wait=False)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
