@@ -241,8 +241,7 @@ class StreamingLoader:
     def next_pass(self) -> tuple[int, int, int]:
         """``(pass, first step, tokens dropped)`` once this pass ends: the next pass and its
         first step, and this rank's tokens of this pass that no full step holds."""
-        plan = self.plan()
-        rank = self.dataset.rank  # token cuts: what no worker was given counts on rank 0
+        plan, rank = self.plan(), self.dataset.rank  # token cuts: what no worker was given counts on rank 0
         dropped = max(0, plan.rank_tokens(rank) - self.clock.pass_tokens) + plan.rank_unassigned(rank)
         return self.clock.pass_idx + 1, self.clock.first_step + plan.steps, dropped
 
