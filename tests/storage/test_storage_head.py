@@ -137,7 +137,7 @@ def test_without_read_ahead_the_index_and_the_head_are_read_side_by_side(large_f
     source.fetcher.read = slow
     n = int(source.manifest.columns["num_records"][0])
     source.plan_reads([(0, 0, n)])
-    assert not [t for t in threading.enumerate() if t.name.startswith("sf-")]  # the index thread was joined
+    assert not [t for t in threading.enumerate() if t.name == "sf-head-index"]  # the index thread was joined
     assert len(spans) == 2 and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # side by side
     first = source.read(0, 0, 4)
     assert same([first.doc(i) for i in range(len(first))], docs[:4])
