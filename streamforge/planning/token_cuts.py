@@ -95,15 +95,18 @@ class CutSpec:
 
     def budgets(self, totals: Sequence[int]) -> tuple[int, np.ndarray]:
         """``(steps, budget)``: the steps of the pass and ``budget[s][g]``, the tokens of stream
-        ``s`` global worker ``g`` gets (``totals``: each stream's tokens with EOS)."""
+        ``s`` global worker ``g`` gets (``totals``: each stream's tokens with EOS). A finite
+        pass ends in a padded step (``last_owners``): the rest no full step takes."""
         totals = [int(t) for t in totals]
         whole = sum(totals)
         k = len(totals)
         if not self.finite:
             return 0, np.array([_quantiles(t, self.n) for t in totals], np.int64).reshape(k, self.n)
+        if whole <= 0:
+            return 0, np.zeros((k, self.n), np.int64)
         per_step = self.world_size * self.batch_size * self.seq_len
         steps = whole // per_step if per_step else 0
-        while steps > 0:
+        while True:
             # running sums of the workers' needs, cut over the streams in proportion: worker
             # g's share of stream s is floor(C[g+1] * t_s / whole) - floor(C[g] * t_s / whole),
             # more than its need times t_s / whole, less one token
@@ -112,11 +115,25 @@ class CutSpec:
             for x in need:
                 c += x + (2 * k if x else 0)  # a token per stream for the rounding, one for an EOS step
                 running.append(c)
-            if c < whole:  # then each stream's last cut falls before its end, even moved past an EOS
-                ends = np.array([[c * t // whole for c in running] for t in totals], np.int64)
-                return int(steps), np.diff(ends, axis=1)
+            if c < whole or steps == 0:  # then each stream's last cut falls before its end, even moved past an EOS
+                break
             steps -= 1
-        return 0, np.zeros((k, self.n), np.int64)
+        running = np.asarray(running, np.int64) + self.last_shares(steps, whole - c)
+        ends = np.array([[int(c) * t // whole for c in running.tolist()] for t in totals], np.int64)
+        return int(steps) + 1, np.diff(ends, axis=1)
+
+    def last_owners(self, step: int) -> np.ndarray:
+        """The global workers that build step ``step``: worker ``step % W`` of every rank."""
+        return np.arange(self.world_size, dtype=np.int64) * self.workers_per_rank + step % self.workers_per_rank
+
+    def last_shares(self, steps: int, rest: int) -> np.ndarray:
+        """What to add to the running sums of the needs (``n + 1`` of them) so that ``rest``
+        tokens go to step ``steps``'s owners in about equal shares (one a rank)."""
+        r = self.world_size
+        share = np.array([(i + 1) * rest // r - i * rest // r for i in range(r)], np.int64)
+        extra = np.zeros(self.n + 1, np.int64)
+        extra[self.last_owners(steps) + 1] = share
+        return np.cumsum(extra)
 
 
 def _quantiles(total: int, n: int) -> list[int]:
