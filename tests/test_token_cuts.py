@@ -130,10 +130,61 @@ def test_resume_on_another_topology(books, mode, at):
         whole = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
         assert delivered + resumed.stats()["dropped_tokens"] == whole
         assert any("trims" in u for s in rest.windows for w in s for u in w)  # pieces of cut documents
-        # the rest is re-planned at token positions too: it drops about a step, not documents
-        assert resumed.stats()["dropped_tokens"] <= 2 * (2 * 32)
+        # the rest is re-planned at token positions too, its last step padded: it drops the
+        # two tokens per stream and new worker, not documents
+        assert resumed.stats()["dropped_tokens"] == rest.dropped_tokens() <= 2 * 2 * 3
+        assert rest.last_step == "pad" and len(tail) == rest.steps
     else:
         _exactly_once(books, _pieces(tail))
+
+
+def _clone(it, n):
+    return [{k: v.clone() for k, v in next(it).items()} for _ in range(n)]
+
+
+def test_exact_resume_at_the_padded_last_step(books):
+    """Saved just before the padded last step, and just after it (the pass's end): the resumed
+    loader gives the uninterrupted run's batches, the padded step and the next pass included."""
+    ds = lambda: dataset(books, provenance=True, seq_len=32, cuts="tokens")  # noqa: E731
+    ref = loader(ds(), num_workers=2, batch_size=2)
+    reference = take(ref) + take(ref)  # two passes
+    steps = ref.plan().steps
+    assert len(reference) == 2 * steps and (reference[steps - 1]["doc_ids"] < 0).any()  # padded
+    assert ref.stats()["pass_dropped_tokens"] <= 2 * 2 * 2
+    for cut in (steps - 1, steps):
+        first = loader(ds(), num_workers=2, batch_size=2)
+        it = iter(first)
+        head = _clone(it, cut)
+        state = first.state_dict()
+        it.close()
+        resumed = loader(ds(), num_workers=2, batch_size=2)
+        resumed.load_state_dict(state)
+        assert resumed.resume_report.mode == "exact"
+        rest = take(resumed) if cut < steps else []
+        assert_batches_equal(head + rest + take(resumed), reference)
+
+
+def test_elastic_resume_across_the_padded_last_step(books):
+    """Saved one step before the pass's padded last step, resumed on 3 workers: the rest (less
+    than a step) becomes one padded step of the new topology; every token once."""
+    ds = lambda: dataset(books, provenance=True, seq_len=32, cuts="tokens")  # noqa: E731
+    first = loader(ds(), num_workers=2, batch_size=2)
+    steps = first.plan().steps
+    it = iter(first)
+    head = _clone(it, steps - 2)
+    state = first.state_dict()
+    it.close()
+    resumed = loader(ds(), num_workers=3, batch_size=2)
+    resumed.load_state_dict(state)
+    assert resumed.resume_report.mode == "elastic"
+    rest = resumed.plan()
+    tail = take(resumed)
+    assert rest.last_step == "pad" and len(tail) == rest.steps and rest.steps >= 1
+    assert all(tuple(b["input_ids"].shape) == (2, 32) for b in tail)
+    delivered = _exactly_once(books, np.concatenate([_pieces(head), _pieces(tail)]))
+    whole = sum(len(d) + 1 for _, docs in books.values() for d in docs if len(d))
+    assert delivered + resumed.stats()["dropped_tokens"] == whole
+    assert resumed.stats()["dropped_tokens"] <= 2 * 2 * 3 + 2 * 2 * 2
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -149,7 +200,7 @@ def test_the_ledger_checks_a_token_cut_pass(books, tmp_path, workers):
     (p,) = report["passes"]
     assert p["complete"] and p["delivered_tokens"] == sum(int((b["doc_ids"] >= 0).sum()) for b in batches)
     assert p["not_delivered_tokens"] == p["dropped_tokens"] == ldr.stats()["dropped_tokens"] <= p["drop_bound"]
-    assert p["dropped_tokens"] <= 2 * 32 + 2 * 2 * max(workers, 1)
+    assert p["dropped_tokens"] <= 2 * 2 * max(workers, 1)  # the last step padded
     for name, counts in p["records_never_reached"].items():
         assert counts["never_reached"] == 0, name
 
