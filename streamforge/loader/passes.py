@@ -35,12 +35,14 @@ def warn_empty_pass(loader: Any) -> None:
 
 
 def pass_drop(plan: Any, rank: int) -> dict[str, Any]:
-    """``stats()``'s figures of a finite pass: the tokens its plan drops (all ranks) and their
-    share of the pass, and the padding of its last step on this rank (token cuts)."""
+    """``stats()``'s figures of the current finite pass (the next one once a pass is over):
+    the tokens its plan drops (all ranks) and their share of the pass, and the padding of its
+    last step on this rank (token cuts). ``stats()["padding_tokens"]`` counts the padding
+    the workers built."""
     whole = sum(plan.tokens) + sum(plan.unassigned or ())
     dropped = plan.dropped_tokens()
     return {"pass_dropped_tokens": dropped, "pass_dropped_share": dropped / whole if whole else 0.0,
-            "padding_tokens": padding_tokens(plan, rank)}
+            "pass_padding_tokens": padding_tokens(plan, rank)}
 
 
 def warn_before_pass(loader: Any) -> None:
