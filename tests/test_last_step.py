@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers.pipeline import dataset, loader, random_docs, take, write_stream
-from streamforge.errors import DropWarning
+from streamforge import DropWarning
 from streamforge.planning.last_step import padding_tokens
 from test_token_cuts import _exactly_once, _pieces
 

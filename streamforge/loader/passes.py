@@ -51,8 +51,9 @@ def warn_before_pass(loader: Any) -> None:
     dataset = loader.dataset
     if (not loader.infinite and not loader.evaluation and loader.clock.batch == 0
             and getattr(dataset.config, "cuts", "records") == "records" and not loader.__dict__.get("_drop_warned")):
-        figures = pass_drop(loader.plan(), dataset.rank)
-        if figures["pass_dropped_share"] > DROP_WARN_SHARE:
+        plan = loader.plan()
+        figures = pass_drop(plan, dataset.rank)
+        if plan.steps > 0 and figures["pass_dropped_share"] > DROP_WARN_SHARE:  # (no step: warn_empty_pass)
             loader._drop_warned = True
             warnings.warn(
                 f"streamforge: finite pass {loader.clock.pass_idx} drops {figures['pass_dropped_tokens']:,} tokens, "
