@@ -46,8 +46,9 @@ def pass_drop(plan: Any, rank: int) -> dict[str, Any]:
 
 
 def warn_before_pass(loader: Any) -> None:
-    """The warnings due before a pass's first batch: ``DropWarning`` (once per loader) and
-    ``MixtureWarning`` (once per pass)."""
+    """The warnings due before a pass's first batch: ``MixtureWarning`` (once per pass), then
+    ``DropWarning`` (once per loader)."""
+    mixture.warn_before_pass(loader, stacklevel=4)
     dataset = loader.dataset
     if (not loader.infinite and not loader.evaluation and loader.clock.batch == 0
             and getattr(dataset.config, "cuts", "records") == "records" and not loader.__dict__.get("_drop_warned")):
@@ -63,4 +64,3 @@ def warn_before_pass(loader: Any) -> None:
                 "pass inside documents and delivers every token, or use infinite=True",
                 DropWarning, stacklevel=4,
             )
-    mixture.warn_before_pass(loader, stacklevel=4)

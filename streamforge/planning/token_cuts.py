@@ -4,8 +4,9 @@ With ``cuts="tokens"`` (a dataset option) each stream is laid out in the pass's 
 as for record cuts (``layout.py``), but counted in tokens with the EOS the pipeline appends,
 and cut at exact token positions. In a finite pass every global worker gets the tokens of
 the batches it builds (``PassPlan.batches_of``) plus two tokens per stream, apportioned over
-the streams in proportion to their tokens; what no step can take (less than one global step,
-``R * B * T`` tokens, shared by the streams in proportion) is assigned to no worker. In an
+the streams in proportion to their tokens; what no full step can take (less than one global
+step, ``R * B * T`` tokens) goes to the owners of one more step, which ends in padding
+(``last_step.py``), so every token is assigned to a worker. In an
 infinite pass the streams are cut at their token quantiles ``k * tokens / N``: nothing is left
 over, and a worker reads on into the next pass where this one ends.
 
