@@ -47,11 +47,13 @@ def pass_drop(plan: Any, rank: int) -> dict[str, Any]:
 
 def warn_before_pass(loader: Any) -> None:
     """The warnings due before a pass's first batch: ``MixtureWarning`` (once per pass), then
-    ``DropWarning`` (once per loader)."""
+    ``DropWarning`` (once per loader; concat packing, where the plan's figure is exact and
+    token cuts apply: bestfit and pad rows drop by design what they pad or truncate)."""
     mixture.warn_before_pass(loader, stacklevel=4)
     dataset = loader.dataset
     if (not loader.infinite and not loader.evaluation and loader.clock.batch == 0
-            and getattr(dataset.config, "cuts", "records") == "records" and not loader.__dict__.get("_drop_warned")):
+            and getattr(dataset.config, "cuts", "records") == "records" and dataset.config.packing == "concat"
+            and not loader.__dict__.get("_drop_warned")):
         plan = loader.plan()
         figures = pass_drop(plan, dataset.rank)
         if plan.steps > 0 and figures["pass_dropped_share"] > DROP_WARN_SHARE:  # (no step: warn_empty_pass)
@@ -60,7 +62,7 @@ def warn_before_pass(loader: Any) -> None:
                 f"streamforge: finite pass {loader.clock.pass_idx} drops {figures['pass_dropped_tokens']:,} tokens, "
                 f"{figures['pass_dropped_share']:.2%} of the pass (over all ranks): with record cuts a pass ends "
                 "at the steps its lightest worker fills, and what heavier workers hold past it is never "
-                "delivered (stats()['pass_dropped_share']); cuts='tokens' (with packing='concat') cuts the "
-                "pass inside documents and delivers every token, or use infinite=True",
+                "delivered (stats()['pass_dropped_share']); cuts='tokens' cuts the pass inside documents "
+                "and delivers every token, or use infinite=True",
                 DropWarning, stacklevel=4,
             )

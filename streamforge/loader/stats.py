@@ -21,7 +21,8 @@ def loader_stats(loader: Any) -> dict[str, Any]:
     out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
     if not loader.infinite:
         out["steps_per_pass"], out["mixture"] = loader.steps_per_pass, mixture.report(loader)
-        out.update(pass_drop(loader.plan(), loader.dataset.rank))
+        if not loader.evaluation:  # (an evaluation pass reads everything: its plan is another kind)
+            out.update(pass_drop(loader.plan(), loader.dataset.rank))
     head = [loader._head.stats] if loader._head is not None else []
     storage = storage_totals([*loader._stats.values(), *head])
     for name in loader.dataset.stream_names:

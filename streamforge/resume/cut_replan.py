@@ -2,9 +2,10 @@
 
 ``elastic.assign_work`` deals the work a saved job left (record ranges and windows' rests) to
 the new workers; with ``cuts="tokens"`` this module does it so that the rest of the pass drops
-about one global step, as the pass itself would have:
+about two tokens per stream and new worker (plus what a window's rest holds past a worker's
+need), as the pass itself would have:
 
-1. the rest has the most steps ``S`` whose tokens, plus two a stream and busy worker, the work
+1. the rest has the most full steps ``S`` whose tokens, plus two a stream and busy worker, the work
    holds; each new worker needs its batches' tokens plus those two a stream;
 2. the windows' rests (whole: they carry their shuffle state) go, largest first, to the worker
    furthest below its need;
