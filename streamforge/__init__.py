@@ -2,6 +2,7 @@
 
 from .errors import (
     ConfigError,
+    DropWarning,
     LedgerError,
     ManifestError,
     MixtureWarning,
@@ -31,6 +32,7 @@ __all__ = sorted(
     [
         "AttentionCost",
         "ConfigError",
+        "DropWarning",
         "LedgerError",
         "Manifest",
         "ManifestError",

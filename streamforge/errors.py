@@ -47,3 +47,9 @@ class PipelineInvariantError(StreamforgeError, RuntimeError):
 class MixtureWarning(UserWarning):
     """A finite pass cannot honour the mixture's weights: a stream runs out early and nothing
     repeats it (``stats()["mixture"]`` holds the same estimate)."""
+
+
+class DropWarning(UserWarning):
+    """A finite pass with record cuts drops more than 1% of its tokens: what heavier workers
+    hold past the steps the lightest one fills (``stats()["pass_dropped_share"]``); the fix
+    is ``cuts="tokens"``."""

@@ -41,11 +41,11 @@ from ..planning.schedule import SkipRanges
 from ..planning.steps import batch_schedule
 from ..resume.checkpoint import Checkpointer
 from ..resume.state import ResumeReport, fingerprint
-from . import collector, membership, mixture
+from . import collector, membership
 from .clock import Clock
 from .counters import Counters
 from .device import DeviceFeed, check_depth, default_device, taken
-from .passes import warn_empty_pass
+from .passes import warn_before_pass, warn_empty_pass
 from .stats import loader_stats
 from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
@@ -350,7 +350,7 @@ class StreamingLoader:
             self._end_pass()
         if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan(share=True).steps == 0:
             warn_empty_pass(self)
-        mixture.warn_before_pass(self)
+        warn_before_pass(self)
         topology = self.dataset.topology
         if self.shares_reads and topology.replica > 0:
             items = receive_from_replica_zero(topology, self._steps_left(), self._received)

@@ -55,7 +55,7 @@ def report(loader) -> dict[str, Any] | None:
     return out
 
 
-def warn_before_pass(loader) -> None:
+def warn_before_pass(loader, stacklevel: int = 3) -> None:
     """Warn (``MixtureWarning``, once per pass) when the pass cannot honour the weights."""
     out = report(loader)
     if out is None or out["honoured"]:
@@ -63,4 +63,4 @@ def warn_before_pass(loader) -> None:
     warned = loader.__dict__.setdefault("_mixture_warned", set())
     if loader.clock.pass_idx not in warned:
         warned.add(loader.clock.pass_idx)
-        warnings.warn(describe(out), MixtureWarning, stacklevel=3)
+        warnings.warn(describe(out), MixtureWarning, stacklevel=stacklevel)

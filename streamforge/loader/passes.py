@@ -1,13 +1,23 @@
-"""What the loader says when a pass has no step: the warning, naming what to change.
+"""What the loader says about a pass before its first batch: a pass with no step, a finite
+pass that drops more than 1% of its tokens (``DropWarning``), a mixture it cannot honour
+(``mixture.py``), each naming what to change; and the pass's drop and padding figures
+``stats()`` reports.
 
 Kept apart from ``loader.py`` (a module under 500 lines); ``StreamingLoader.__iter__`` calls
-``warn_empty_pass`` before an iteration that would yield no batch.
+``warn_empty_pass`` before an iteration that would yield no batch, and ``warn_before_pass``
+before every iteration.
 """
 
 from __future__ import annotations
 
 import warnings
 from typing import Any
+
+from ..errors import DropWarning
+from ..planning.last_step import padding_tokens
+from . import mixture
+
+DROP_WARN_SHARE = 0.01  # a finite pass dropping more than this share of its tokens is warned of
 
 
 def warn_empty_pass(loader: Any) -> None:
@@ -22,3 +32,37 @@ def warn_empty_pass(loader: Any) -> None:
         "or seq_len, fewer ranks or workers, or infinite=True",
         stacklevel=3,
     )
+
+
+def pass_drop(plan: Any, rank: int) -> dict[str, Any]:
+    """``stats()``'s figures of the current finite pass (the next one once a pass is over):
+    the tokens its plan drops (all ranks) and their share of the pass, and the padding of its
+    last step on this rank (token cuts). ``stats()["padding_tokens"]`` counts the padding
+    the workers built."""
+    whole = sum(plan.tokens) + sum(plan.unassigned or ())
+    dropped = plan.dropped_tokens()
+    return {"pass_dropped_tokens": dropped, "pass_dropped_share": dropped / whole if whole else 0.0,
+            "pass_padding_tokens": padding_tokens(plan, rank)}
+
+
+def warn_before_pass(loader: Any) -> None:
+    """The warnings due before a pass's first batch: ``MixtureWarning`` (once per pass), then
+    ``DropWarning`` (once per loader; concat packing, where the plan's figure is exact and
+    token cuts apply: bestfit and pad rows drop by design what they pad or truncate)."""
+    mixture.warn_before_pass(loader, stacklevel=4)
+    dataset = loader.dataset
+    if (not loader.infinite and not loader.evaluation and loader.clock.batch == 0
+            and getattr(dataset.config, "cuts", "records") == "records" and dataset.config.packing == "concat"
+            and not loader.__dict__.get("_drop_warned")):
+        plan = loader.plan()
+        figures = pass_drop(plan, dataset.rank)
+        if plan.steps > 0 and figures["pass_dropped_share"] > DROP_WARN_SHARE:  # (no step: warn_empty_pass)
+            loader._drop_warned = True
+            warnings.warn(
+                f"streamforge: finite pass {loader.clock.pass_idx} drops {figures['pass_dropped_tokens']:,} tokens, "
+                f"{figures['pass_dropped_share']:.2%} of the pass (over all ranks): with record cuts a pass ends "
+                "at the steps its lightest worker fills, and what heavier workers hold past it is never "
+                "delivered (stats()['pass_dropped_share']); cuts='tokens' cuts the pass inside documents "
+                "and delivers every token, or use infinite=True",
+                DropWarning, stacklevel=4,
+            )

@@ -9,6 +9,7 @@ from typing import Any
 from ..pipeline import core
 from . import mixture
 from .counters import step_cost, storage_totals
+from .passes import pass_drop
 
 
 def loader_stats(loader: Any) -> dict[str, Any]:
@@ -22,6 +23,8 @@ def loader_stats(loader: Any) -> dict[str, Any]:
     out["core"] = core.name()  # the hot loops' path: "compiled" (pipeline/_core.c) or "numpy"
     if not loader.infinite:
         out["steps_per_pass"], out["mixture"] = loader.steps_per_pass, mixture.report(loader)
+        if not loader.evaluation:  # (an evaluation pass reads everything: its plan is another kind)
+            out.update(pass_drop(loader.plan(), loader.dataset.rank))
     head = [loader._head.stats] if loader._head is not None else []
     storage = storage_totals([*loader._stats.values(), *head])
     for name in loader.dataset.stream_names:

@@ -62,6 +62,7 @@ class WorkerPipeline:
         self.first_step = first_step
         self.batches = 0  # batches built in this pass (since the start, when infinite)
         self.padded_rows = 0
+        self.padding_tokens = 0  # positions of padding in its batches (a pass's padded last step)
         self.sources = []
         buffers = []
         assigned = None if work is None else list(zip(work.ranges, work.windows))
@@ -119,6 +120,7 @@ class WorkerPipeline:
             if got < num_rows:
                 self.padded_rows += num_rows - got
                 rows = pad_to_rows(rows, num_rows, seq_len, self.dataset.token_dtype, self.dataset.config.pad_id)
+            self.padding_tokens += num_rows * seq_len - int(rows.length.sum())
         if rows is None:
             return None
         self.batches += 1
@@ -163,7 +165,8 @@ class WorkerPipeline:
         self.interleaver.forget_schedule()
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"truncated_tokens": self.packer.truncated_tokens, "padded_rows": self.padded_rows}
+        out: dict[str, Any] = {"truncated_tokens": self.packer.truncated_tokens, "padded_rows": self.padded_rows,
+                               "padding_tokens": self.padding_tokens}
         for stream, source in zip(self.dataset.streams, self.sources):
             stats = source.stats() if callable(getattr(source, "stats", None)) else {}
             out[stream.name] = stats

@@ -47,9 +47,17 @@ class TokenCutPlanning:
 
     def cut_budgets(self, n: int) -> np.ndarray:
         """``[s][g]``: tokens of stream ``s`` global worker ``g`` of ``n`` gets under token cuts."""
+        return self._cut_steps_budgets(n)[1]
+
+    def cut_steps(self, n: int) -> int:
+        """Steps of a pass cut at token positions for ``n`` global workers, the padded last
+        one included (0 when infinite: the rows say)."""
+        return self._cut_steps_budgets(n)[0]
+
+    def _cut_steps_budgets(self, n: int) -> tuple[int, np.ndarray]:
         if ("budgets", n) not in self._cut:
             totals = [int(self.cut_shard_tokens(s).sum()) for s in range(len(self.names))]
-            self._cut[("budgets", n)] = self.cut_specs[n].budgets(totals)[1]
+            self._cut[("budgets", n)] = self.cut_specs[n].budgets(totals)
         return self._cut[("budgets", n)]
 
     def _plan_tokens(self, stream: int, pass_idx: int, n: int, workers: list[int] | None) -> list[list[Range]]:
@@ -103,6 +111,8 @@ class TokenCutPlanning:
         whole = [int(self.cut_shard_tokens(s).sum()) for s in range(len(self.names))]
         if fractions is None:
             plan.unassigned = [w - sum(g[s] for g in plan.stream_tokens) for s, w in enumerate(whole)]
+            if self.cut_specs[n].finite:  # the pass ends in a padded step: what no full step takes
+                plan.steps, plan.last_step = self.cut_steps(n), "pad"
         plan.cuts = [[list(getattr(r, "cut", (0, 0))) for r in workers] for workers in per_stream]
         return plan
 

@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .last_step import padded_bound, padded_dropped
 from .layout import Layout, Range, RecordEnds
 from .steps import StepSchedule, batches_within, largest_batch_tokens, per_token, step_costs, tokens_in_steps
 
@@ -170,6 +171,9 @@ class PassPlan(PassClock):
     # of stream ``s``, and per stream the tokens (with EOS) no worker was given
     cuts: list[list[list[int]]] | None = None
     unassigned: list[int] | None = None
+    # "pad" (token cuts, finite): the last step takes what no full step can, its batches
+    # ending in padding; each worker delivers up to its batches' tokens (``last_step.py``)
+    last_step: str | None = None
 
     @property
     def num_global_workers(self) -> int:
@@ -188,6 +192,8 @@ class PassPlan(PassClock):
     def dropped_tokens(self) -> int:
         """Tokens of the pass (all ranks) past the last step, in concat packing; for bestfit
         and pad it is a lower bound (their rows also carry padding)."""
+        if self.last_step == "pad":
+            return padded_dropped(self) + sum(self.unassigned or ())
         if self.shape is None:
             delivered = self.world_size * self.steps * self.batch_size * self.seq_len
         else:
@@ -203,6 +209,8 @@ class PassPlan(PassClock):
         plus one batch per global worker (see ``docs/design.md``); with a schedule, one of
         its largest batches per global worker and per switch inside the pass, plus one."""
         low = min(self.tokens) if self.tokens else 0
+        if self.last_step == "pad" and self.cuts is not None:
+            return padded_bound(self)
         if self.cuts is not None and self.shape is None:
             # token cuts: less than one global step, plus two tokens per stream and global
             # worker where the step count had to give way to them (``CutSpec.budgets``)
@@ -216,7 +224,7 @@ class PassPlan(PassClock):
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["ranges"] = [[[list(r) for r in worker] for worker in stream] for stream in self.ranges]
-        for key in ("cuts", "unassigned"):
+        for key in ("cuts", "unassigned", "last_step"):
             if out[key] is None:
                 out.pop(key)
         return out

@@ -4,8 +4,9 @@ With ``cuts="tokens"`` (a dataset option) each stream is laid out in the pass's 
 as for record cuts (``layout.py``), but counted in tokens with the EOS the pipeline appends,
 and cut at exact token positions. In a finite pass every global worker gets the tokens of
 the batches it builds (``PassPlan.batches_of``) plus two tokens per stream, apportioned over
-the streams in proportion to their tokens; what no step can take (less than one global step,
-``R * B * T`` tokens, shared by the streams in proportion) is assigned to no worker. In an
+the streams in proportion to their tokens; what no full step can take (less than one global
+step, ``R * B * T`` tokens) goes to the owners of one more step, which ends in padding
+(``last_step.py``), so every token is assigned to a worker. In an
 infinite pass the streams are cut at their token quantiles ``k * tokens / N``: nothing is left
 over, and a worker reads on into the next pass where this one ends.
 
@@ -95,15 +96,18 @@ class CutSpec:
 
     def budgets(self, totals: Sequence[int]) -> tuple[int, np.ndarray]:
         """``(steps, budget)``: the steps of the pass and ``budget[s][g]``, the tokens of stream
-        ``s`` global worker ``g`` gets (``totals``: each stream's tokens with EOS)."""
+        ``s`` global worker ``g`` gets (``totals``: each stream's tokens with EOS). A finite
+        pass ends in a padded step (``last_owners``): the rest no full step takes."""
         totals = [int(t) for t in totals]
         whole = sum(totals)
         k = len(totals)
         if not self.finite:
             return 0, np.array([_quantiles(t, self.n) for t in totals], np.int64).reshape(k, self.n)
+        if whole <= 0:
+            return 0, np.zeros((k, self.n), np.int64)
         per_step = self.world_size * self.batch_size * self.seq_len
         steps = whole // per_step if per_step else 0
-        while steps > 0:
+        while True:
             # running sums of the workers' needs, cut over the streams in proportion: worker
             # g's share of stream s is floor(C[g+1] * t_s / whole) - floor(C[g] * t_s / whole),
             # more than its need times t_s / whole, less one token
@@ -112,11 +116,25 @@ class CutSpec:
             for x in need:
                 c += x + (2 * k if x else 0)  # a token per stream for the rounding, one for an EOS step
                 running.append(c)
-            if c < whole:  # then each stream's last cut falls before its end, even moved past an EOS
-                ends = np.array([[c * t // whole for c in running] for t in totals], np.int64)
-                return int(steps), np.diff(ends, axis=1)
+            if c < whole or steps == 0:  # then each stream's last cut falls before its end, even moved past an EOS
+                break
             steps -= 1
-        return 0, np.zeros((k, self.n), np.int64)
+        running = np.asarray(running, np.int64) + self.last_shares(steps, whole - c)
+        ends = np.array([[int(c) * t // whole for c in running.tolist()] for t in totals], np.int64)
+        return int(steps) + 1, np.diff(ends, axis=1)
+
+    def last_owners(self, step: int) -> np.ndarray:
+        """The global workers that build step ``step``: worker ``step % W`` of every rank."""
+        return np.arange(self.world_size, dtype=np.int64) * self.workers_per_rank + step % self.workers_per_rank
+
+    def last_shares(self, steps: int, rest: int) -> np.ndarray:
+        """What to add to the running sums of the needs (``n + 1`` of them) so that ``rest``
+        tokens go to step ``steps``'s owners in about equal shares (one a rank)."""
+        r = self.world_size
+        share = np.array([(i + 1) * rest // r - i * rest // r for i in range(r)], np.int64)
+        extra = np.zeros(self.n + 1, np.int64)
+        extra[self.last_owners(steps) + 1] = share
+        return np.cumsum(extra)
 
 
 def _quantiles(total: int, n: int) -> list[int]:

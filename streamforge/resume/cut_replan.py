@@ -2,15 +2,18 @@
 
 ``elastic.assign_work`` deals the work a saved job left (record ranges and windows' rests) to
 the new workers; with ``cuts="tokens"`` this module does it so that the rest of the pass drops
-about one global step, as the pass itself would have:
+about two tokens per stream and new worker (plus what a window's rest holds past a worker's
+need), as the pass itself would have:
 
-1. the rest has the most steps ``S`` whose tokens, plus two a stream and busy worker, the work
+1. the rest has the most full steps ``S`` whose tokens, plus two a stream and busy worker, the work
    holds; each new worker needs its batches' tokens plus those two a stream;
 2. the windows' rests (whole: they carry their shuffle state) go, largest first, to the worker
    furthest below its need;
 3. what each worker still lacks is cut out of the record ranges, stream by stream in
    proportion to the streams' range tokens, at token positions inside documents
-   (``token_cuts.py``'s rules: a cut on an EOS moves past it), as ``CutRanges``.
+   (``token_cuts.py``'s rules: a cut on an EOS moves past it), as ``CutRanges``;
+4. what is left of the ranges (less than a step of the new topology) goes to the owners of
+   one more step, ``S``, which ends in padding as a pass's last step does (``last_step.py``).
 """
 
 from __future__ import annotations
@@ -38,13 +41,17 @@ def assign_token_work(dataset, work: dict, spec: CutSpec) -> list[tuple[list, li
     while True:
         batches = spec.batches(steps)
         need = batches * per_batch + np.where(batches > 0, 2 * k, 0)
+        if steps <= 0:  # less than a step left: the windows' rests to the padded step's owners
+            need[spec.last_owners(0)] = per_batch
         dealt, load = _deal(units, need, n)
-        lack = np.maximum(need - load, 0)
+        lack = np.maximum(need - load, 0) if steps > 0 else np.zeros(n, np.int64)
         running = np.concatenate([[0], np.cumsum(lack)]).tolist()
         if steps <= 0 or running[-1] < sum(have):
             break
         steps -= 1
     whole = sum(have)
+    # 4. what no full step takes goes to the owners of one more step, padded (``last_step.py``)
+    running = (np.asarray(running, np.int64) + spec.last_shares(steps, whole - int(running[-1]))).tolist()
     out = []
     for i, (ranges, starts, cum, sizes) in enumerate(flats):
         ends = [c * have[i] // whole if whole else 0 for c in running]
@@ -53,7 +60,18 @@ def assign_token_work(dataset, work: dict, spec: CutSpec) -> list[tuple[list, li
         unit_tokens = np.array([sum(int(u["tokens"]) for u in w) for w in windows], np.int64)
         unit_docs = np.array([sum(int(u["docs"]) for u in w) for w in windows], np.int64)
         out.append((parts, windows, tokens + unit_tokens, unit_docs))
-    return out
+    return PaddedRest(out, steps + 1 if total > 0 else 0)
+
+
+class PaddedRest(list):
+    """``assign_token_work``'s result, with the steps of the rest: its full steps and the
+    padded last one."""
+
+    last_step = "pad"
+
+    def __init__(self, items, steps: int) -> None:
+        super().__init__(items)
+        self.steps = int(steps)
 
 
 def _deal(units, need: np.ndarray, n: int) -> tuple[list[list[tuple[int, int]]], np.ndarray]:

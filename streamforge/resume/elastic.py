@@ -230,11 +230,14 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
     rows = [worker_rows(t, d, seq_len=seq, packing=cfg.packing) for t, d in zip(tokens, docs)]
     steps = steps_for(rows, world_size=world_size, workers_per_rank=workers_per_rank, batch_size=batch,
                       seq_len=seq, packing=cfg.packing, first_step=first_step)
+    last_step = getattr(assigned, "last_step", None)  # token cuts: the rest ends in a padded step
+    steps = assigned.steps if last_step else steps
     return PassPlan(
         pass_idx=int(work["pass"]), world_size=world_size, workers_per_rank=workers_per_rank,
         packing=cfg.packing, streams=list(dataset.stream_names), ranges=[a[0] for a in assigned], tokens=tokens,
         rows=rows, steps=steps, first_step=first_step, windows=[a[1] for a in assigned],
-        unassigned=rest_unassigned(dataset, work, assigned, work_tokens(dataset, work)), **plan_shape(batch, seq, first_step),
+        unassigned=rest_unassigned(dataset, work, assigned, work_tokens(dataset, work)), last_step=last_step,
+        **plan_shape(batch, seq, first_step),
     )
 
 
