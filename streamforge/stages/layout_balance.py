@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..pipeline import core
+
 QUANTILE = 0.05  # the share of windows that may fall short of the target
 PIECE_SHARE = 0.5  # the most of a row's target one piece may cost: two at the cap fill it
 SMALL = 0.25  # parts shorter than this many target densities fill the rows last, together
@@ -141,12 +143,24 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
     would be lowest; the shorter parts then fill the rooms (``_fill``). A row's parts are in
     reading order, except that parts cut before their piece's end come last."""
     T = int(seq_len)
-    lengths = np.asarray(lengths, np.int64)
+    lengths = np.ascontiguousarray(lengths, np.int64)
     total = int(lengths.sum())
     if total == 0:
         return {k: np.zeros(0, np.int64) for k in ("row", "piece", "offset", "length")}
-    nrows = -(-total // T)
     cap = _cap_for(lengths, target / T, piece_cap(target, T))
+    small, alone = SMALL * target / T, ALONE * target / T
+    got = core.ext.balance_layout(lengths, cap, T, small, alone, ROUND) if core.ext is not None else None
+    if got is None:
+        return _deal_numpy(lengths, cap, T, small, alone)
+    row, piece, offset, length = np.frombuffer(got, np.int64).reshape(4, -1)
+    return {"row": row, "piece": piece, "offset": offset, "length": length}
+
+
+def _deal_numpy(lengths: np.ndarray, cap: int, T: int, small_len: float, alone_len: float) -> dict[str, np.ndarray]:
+    """``lay_out``'s parts once its cap is chosen, on numpy: the reference the compiled core's
+    ``balance_layout`` (``pipeline/_layout.c``) matches bit for bit."""
+    total = int(lengths.sum())
+    nrows = -(-total // T)
     n = np.where(lengths > cap, -(-lengths // cap), 1)
     piece = np.repeat(np.arange(len(lengths)), n)
     k = np.arange(len(piece)) - np.repeat(np.cumsum(n) - n, n)
@@ -165,7 +179,7 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
     later_sq = np.concatenate([np.cumsum((sizes * sizes)[::-1])[::-1][1:], [0.0]])
     later = np.concatenate([np.cumsum(sizes[::-1])[::-1][1:], [0.0]])
     rest = np.where(later > 0, later_sq / np.maximum(later, 1.0), 0.0)
-    split = int(np.searchsorted(-sizes, -SMALL * target / T, side="right"))
+    split = int(np.searchsorted(-sizes, -small_len, side="right"))
     out: list[tuple[int, int, int, int]] = []
 
     def deal(j: int, u: int) -> None:  # one part to the row of least projected cost
@@ -189,7 +203,7 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
             left -= take
 
     j = 0
-    alone = min(split, nrows, int(np.searchsorted(-sizes, -ALONE * target / T, side="right")))
+    alone = min(split, nrows, int(np.searchsorted(-sizes, -alone_len, side="right")))
     for u in order[:alone].tolist():  # the longest, one by one
         deal(j, u)
         j += 1
