@@ -23,6 +23,9 @@
  *   balance_layout(lengths, cap, T, small, alone, round) -> bytearray or None
  *       The balanced layout's dealing of a window's pieces into rows (in _layout.c).
  *
+ *   balance_cap(lengths, density, hi) -> int or None
+ *       The balanced layout's cap on a window's parts (in _layout.c).
+ *
  * The loops run without the GIL: the buffers are held for the whole call.
  */
 #define PY_SSIZE_T_CLEAN
@@ -414,6 +417,7 @@ release:
 }
 
 PyObject *core_balance_layout(PyObject *self, PyObject *args); /* _layout.c */
+PyObject *core_balance_cap(PyObject *self, PyObject *args);    /* _layout.c */
 
 static PyMethodDef core_methods[] = {
     {"expand", core_expand, METH_VARARGS,
@@ -428,6 +432,9 @@ static PyMethodDef core_methods[] = {
      "balance_layout(lengths, cap, T, small, alone, round) -> bytearray | None\n\nThe balanced layout's parts "
      "(row, piece, offset, length; 4*P int64 items) of a window's piece lengths cut at cap; None where lengths "
      "is not a contiguous int64 array."},
+    {"balance_cap", core_balance_cap, METH_VARARGS,
+     "balance_cap(lengths, density, hi) -> int | None\n\nThe smallest cap (at most hi) at which the lengths "
+     "cut at it reach density; None where lengths is not a contiguous int64 array."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,7 @@
 #include <string.h>
 
 PyObject *core_balance_layout(PyObject *self, PyObject *args);
+PyObject *core_balance_cap(PyObject *self, PyObject *args);
 
 typedef struct {
     int64_t row, cut, piece, offset, length;
@@ -319,4 +320,86 @@ PyObject *core_balance_layout(PyObject *self, PyObject *args)
     free(s.cost);
     free(s.out);
     return result;
+}
+
+/* sum over the lengths cut at ``cap`` of their parts' squares (``_density``'s numerator) */
+static int64_t squares(const int64_t *x, Py_ssize_t n, int64_t cap)
+{
+    int64_t sum = 0;
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        int64_t L = x[i], k = (L + cap - 1) / cap, base, extra;
+        if (k < 1)
+            k = 1;
+        base = L / k;
+        extra = L % k;
+        sum += extra * (base + 1) * (base + 1) + (k - extra) * base * base;
+    }
+    return sum;
+}
+
+/* ``layout_balance._cap_for``: the smallest cap (at most ``hi``) at which the lengths reach
+ * ``density``, on the same two grids of 32 caps (numpy's linspace: i * step + start, the last
+ * one the stop; truncated, repeats dropped) */
+static int64_t cap_for(const int64_t *x, Py_ssize_t n, double density, int64_t hi)
+{
+    int64_t lo = 1, total = 0, caps[32];
+    Py_ssize_t i, m, round_;
+    for (i = 0; i < n; i++)
+        total += x[i];
+    if ((double)squares(x, n, hi) / (double)total <= density)
+        return hi;
+    for (round_ = 0; round_ < 2; round_++) {
+        double start = (double)lo, step = ((double)hi - (double)lo) / 31.0;
+        m = 0;
+        for (i = 0; i < 32; i++) {
+            double y = i == 31 ? (double)hi : (double)i * step + start;
+            int64_t c = (int64_t)y;
+            if (m == 0 || c != caps[m - 1])
+                caps[m++] = c;
+        }
+        for (i = 0; i < m; i++) /* the density grows with the cap: the first that reaches it */
+            if ((double)squares(x, n, caps[i]) / (double)total >= density)
+                break;
+        if (i == m)
+            return hi;
+        lo = caps[i > 0 ? i - 1 : 0];
+        hi = caps[i];
+        if (hi - lo <= 1)
+            break;
+    }
+    return hi;
+}
+
+PyObject *core_balance_cap(PyObject *self, PyObject *args)
+{
+    PyObject *o_lengths;
+    long long hi;
+    double density;
+    Py_buffer view;
+    const char *fmt;
+    int64_t got;
+
+    if (!PyArg_ParseTuple(args, "OdL:balance_cap", &o_lengths, &density, &hi))
+        return NULL;
+    if (hi < 1) {
+        PyErr_SetString(PyExc_ValueError, "balance_cap: hi must be >= 1");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(o_lengths, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    fmt = view.format ? view.format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+        fmt++;
+    if (view.ndim != 1 || view.itemsize != 8 || !(strcmp(fmt, "l") == 0 || strcmp(fmt, "q") == 0)) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    got = cap_for((const int64_t *)view.buf, view.shape[0], density, (int64_t)hi);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong((long long)got);
 }

@@ -111,6 +111,9 @@ def window_density(lengths: np.ndarray, cap: int) -> float:
 def _cap_for(lengths: np.ndarray, density: float, seq_len: int) -> int:
     """The smallest cap (at most ``seq_len``) at which ``lengths`` reach ``density``, to
     within 1/64 of the range searched (two grids of 32 caps, one inside the other)."""
+    got = core.ext.balance_cap(lengths, density, int(seq_len)) if core.ext is not None else None
+    if got is not None:  # the compiled twin (pipeline/_layout.c)
+        return int(got)
     lo, hi = 1, int(seq_len)
     if _density(lengths, hi) <= density:
         return hi
