@@ -1,13 +1,14 @@
 /* The balanced layout's hot loop, part of streamforge.pipeline._core (see _core.c):
  *
- *   balance_layout(lengths, cap, T, small, alone, round) -> bytearray
+ *   balance_layout(lengths, cap, T, small, alone, round[, renumber]) -> bytearray
  *       The parts of ``stages/layout_balance.lay_out`` after its cap is chosen: ``lengths``
  *       (a C-contiguous int64 array, the window's pieces) cut at ``cap`` into near-equal
  *       parts, the parts of at least ``alone`` tokens dealt one by one, those of at least
  *       ``small`` a round (``round`` of the rows with room) at a time, the rest filling the
  *       rooms; returned as 4*P int64 items (row, piece, offset and length of the P parts, in
  *       that order, each by row, then cut-before-the-piece's-end last, then piece, then
- *       offset). The numpy twin is ``layout_balance._deal_numpy``: the same parts, bit for bit
+ *       offset). With ``renumber`` true, each piece's parts take its tokens in that order
+ *       (the offsets renumbered, ``layout_balance.in_row_order``) and are sorted again. The numpy twin is ``layout_balance._deal_numpy``: the same parts, bit for bit
  *       (every float is a sum or product of integers below 2**53, or one division, computed
  *       in the same order; ties go to the lower row as numpy's argmin and stable argsort do).
  *       None where ``lengths`` is not a contiguous int64 array (the caller runs numpy).
@@ -119,7 +120,7 @@ static void deal(Rows *s, double rest, int64_t p, int64_t off, int64_t left)
 }
 
 static int layout(const int64_t *lengths, Py_ssize_t npieces, int64_t cap, int64_t T, double small, double alone_len,
-                  double round_share, Rows *s)
+                  double round_share, int renumber, Rows *s)
 {
     int64_t total = 0, P = 0, i, j, k, u;
     int64_t *piece = NULL, *offset = NULL, *size = NULL, *order = NULL, *rows = NULL;
@@ -254,6 +255,19 @@ static int layout(const int64_t *lengths, Py_ssize_t npieces, int64_t cap, int64
         q->cut = q->offset + q->length < lengths[q->piece];
     }
     qsort(s->out, (size_t)s->nout, sizeof(Part), cmp_part);
+    if (renumber) { /* each piece's parts take its tokens in this order: offsets renumbered, sorted again */
+        int64_t *taken = calloc((size_t)npieces + 1, sizeof(int64_t));
+        if (!taken)
+            goto done;
+        for (f = 0; f < s->nout; f++) {
+            Part *q = &s->out[f];
+            q->offset = taken[q->piece];
+            taken[q->piece] += q->length;
+            q->cut = q->offset + q->length < lengths[q->piece];
+        }
+        free(taken);
+        qsort(s->out, (size_t)s->nout, sizeof(Part), cmp_part);
+    }
     ok = 1;
 done:
     free(piece);
@@ -272,13 +286,15 @@ PyObject *core_balance_layout(PyObject *self, PyObject *args)
     PyObject *o_lengths, *result = NULL;
     long long cap, T;
     double small, alone_len, round_share;
+    int renumber = 0;
     Py_buffer view;
     Rows s = {0};
     const char *fmt;
     int ok;
     Py_ssize_t f;
 
-    if (!PyArg_ParseTuple(args, "OLLddd:balance_layout", &o_lengths, &cap, &T, &small, &alone_len, &round_share))
+    if (!PyArg_ParseTuple(args, "OLLddd|p:balance_layout", &o_lengths, &cap, &T, &small, &alone_len, &round_share,
+                          &renumber))
         return NULL;
     if (cap < 1 || T < 1) {
         PyErr_SetString(PyExc_ValueError, "balance_layout: cap and T must be >= 1");
@@ -302,7 +318,8 @@ PyObject *core_balance_layout(PyObject *self, PyObject *args)
             return NULL;
         }
     Py_BEGIN_ALLOW_THREADS
-    ok = layout((const int64_t *)view.buf, view.shape[0], (int64_t)cap, (int64_t)T, small, alone_len, round_share, &s);
+    ok = layout((const int64_t *)view.buf, view.shape[0], (int64_t)cap, (int64_t)T, small, alone_len, round_share, renumber,
+               &s);
     Py_END_ALLOW_THREADS
     if (!ok)
         PyErr_NoMemory();

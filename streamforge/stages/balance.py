@@ -187,19 +187,9 @@ class BalancedPacker:
 
     def _lay_out(self, flat: np.ndarray, pieces: dict[str, np.ndarray], filled: int, peeked: bool) -> None:
         T = self.seq_len
-        lay = lay_out(pieces["length"], T, self.target)
-        row, piece, length = lay["row"], lay["piece"], lay["length"]
         # each piece's parts take its tokens in row order (the layout depends on lengths only)
-        order = np.lexsort((np.arange(len(row)), piece))
-        within = np.empty(len(row), np.int64)
-        run = np.cumsum(length[order]) - length[order]
-        first = np.r_[0, np.flatnonzero(np.diff(piece[order])) + 1]
-        starts_of = np.repeat(run[first], np.diff(np.r_[first, len(order)]))
-        within[order] = run - starts_of
-        # in each row, the parts cut before their piece's end last (the last one keeps its label)
-        cut = within + length < pieces["length"][piece]
-        again = np.lexsort((within, piece, cut, row))
-        row, piece, length, within = row[again], piece[again], length[again], within[again]
+        lay = lay_out(pieces["length"], T, self.target, in_row_order=True)
+        row, piece, length, within = lay["row"], lay["piece"], lay["length"], lay["offset"]
         nrows = int(row[-1]) + 1
         pos = np.cumsum(length) - length
         row_first = np.searchsorted(row, np.arange(nrows + 1))

@@ -133,7 +133,7 @@ def _cap_for(lengths: np.ndarray, density: float, seq_len: int) -> int:
     return hi
 
 
-def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np.ndarray]:
+def lay_out(lengths: Sequence[int], seq_len: int, target: float, in_row_order: bool = False) -> dict[str, np.ndarray]:
     """Rows of ``seq_len`` tokens from pieces ``lengths`` (in order): parts ``row``,
     ``piece``, ``offset``, ``length`` (int64 arrays, by row, in each row's order); every token
     of every piece lands in exactly one part, and every row is full but the last (when the
@@ -144,7 +144,11 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
     parts of at least ``SMALL`` target densities are dealt longest first, each to the row with
     room for it whose cost, with its room filled at the density of the parts still to come,
     would be lowest; the shorter parts then fill the rooms (``_fill``). A row's parts are in
-    reading order, except that parts cut before their piece's end come last."""
+    reading order, except that parts cut before their piece's end come last.
+
+    With ``in_row_order`` each piece's parts take its tokens in the order of the rows (the
+    offsets renumbered: an earlier row holds a document's earlier tokens), and the rows' parts
+    are ordered again by the new offsets (``_in_row_order``); the lengths are unchanged."""
     T = int(seq_len)
     lengths = np.ascontiguousarray(lengths, np.int64)
     total = int(lengths.sum())
@@ -152,11 +156,28 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
         return {k: np.zeros(0, np.int64) for k in ("row", "piece", "offset", "length")}
     cap = _cap_for(lengths, target / T, piece_cap(target, T))
     small, alone = SMALL * target / T, ALONE * target / T
-    got = core.ext.balance_layout(lengths, cap, T, small, alone, ROUND) if core.ext is not None else None
+    got = core.ext.balance_layout(lengths, cap, T, small, alone, ROUND, in_row_order) if core.ext is not None else None
     if got is None:
-        return _deal_numpy(lengths, cap, T, small, alone)
+        lay = _deal_numpy(lengths, cap, T, small, alone)
+        return _in_row_order(lay, lengths) if in_row_order else lay
     row, piece, offset, length = np.frombuffer(got, np.int64).reshape(4, -1)
     return {"row": row, "piece": piece, "offset": offset, "length": length}
+
+
+def _in_row_order(lay: dict[str, np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:
+    """``lay``'s parts with each piece's offsets renumbered in the order of the parts (by row),
+    then ordered again: by row, the parts cut before their piece's end last, piece, offset."""
+    row, piece, length = lay["row"], lay["piece"], lay["length"]
+    order = np.lexsort((np.arange(len(row)), piece))
+    within = np.empty(len(row), np.int64)
+    run = np.cumsum(length[order]) - length[order]
+    first = np.r_[0, np.flatnonzero(np.diff(piece[order])) + 1]
+    starts_of = np.repeat(run[first], np.diff(np.r_[first, len(order)]))
+    within[order] = run - starts_of
+    # in each row, the parts cut before their piece's end last (the last one keeps its label)
+    cut = within + length < lengths[piece]
+    again = np.lexsort((within, piece, cut, row))
+    return {"row": row[again], "piece": piece[again], "offset": within[again], "length": length[again]}
 
 
 def _deal_numpy(lengths: np.ndarray, cap: int, T: int, small_len: float, alone_len: float) -> dict[str, np.ndarray]:
