@@ -17,6 +17,6 @@ optional = os.environ.get("STREAMFORGE_EXT_REQUIRED", "") in ("", "0")
 
 setup(
     ext_modules=[
-        Extension("streamforge.pipeline._core", ["streamforge/pipeline/_core.c"], optional=optional),
+        Extension("streamforge.pipeline._core", ["streamforge/pipeline/_core.c", "streamforge/pipeline/_layout.c"], optional=optional),
     ],
 )

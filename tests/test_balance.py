@@ -15,6 +15,7 @@ from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus,
 from streamforge import AttentionCost, ConfigError, EvaluationDataset, Stream, StreamingLoader
 from streamforge.ledger.report import check
 from streamforge.ledger.store import read_ledger
+from streamforge.pipeline import core
 from streamforge.pipeline.cost import piece_row_costs
 from streamforge.stages.layout_balance import balance_target, lay_out
 
@@ -56,6 +57,28 @@ def test_the_layout_puts_every_token_in_one_full_row(lengths, seq_len, density):
         spans = sorted(zip(lay["offset"][mine].tolist(), lay["length"][mine].tolist()))
         assert spans[0][0] == 0 and sum(x for _, x in spans) == n
         assert all(a + n_ == b for (a, n_), (b, _) in zip(spans, spans[1:]))
+
+
+@pytest.mark.skipif(core.ext is None, reason="the compiled core is not built, or STREAMFORGE_NO_EXT is set")
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.integers(0, 40_000), min_size=1, max_size=150), st.sampled_from([1, 7, 64, 2048, 8192]),
+       st.floats(0.0, 1.0), st.integers(0, 2**32 - 1), st.booleans())
+def test_the_compiled_layout_is_the_numpy_one(lengths, seq_len, density, seed, in_row_order):
+    """The compiled core's layout (pipeline/_layout.c: the cap and the dealing) and numpy's
+    give the same parts, bit for bit, on heavy-tailed lengths and any target."""
+    x = np.array(lengths, np.int64)
+    rng = np.random.default_rng(seed)
+    x[rng.random(len(x)) < 0.3] //= 50  # many short pieces beside the long ones
+    target = float(seq_len) * max(1.0, density * seq_len)
+    got = lay_out(x, seq_len, target, in_row_order)
+    saved = core.ext
+    core.ext = None
+    try:
+        want = lay_out(x, seq_len, target, in_row_order)
+    finally:
+        core.ext = saved
+    for key in want:
+        assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
 
 
 def test_the_target_is_a_function_of_the_lengths():

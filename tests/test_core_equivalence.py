@@ -207,7 +207,7 @@ def _corpus(tmp, lengths, seed):
 @given(
     lengths=st.lists(st.lists(st.integers(0, 150), min_size=1, max_size=25), min_size=1, max_size=3),
     seq_len=st.integers(4, 64),
-    packing=st.sampled_from(["concat", "bestfit", "pad"]),
+    packing=st.sampled_from(["concat", "bestfit", "pad", "balance"]),
     boundary=st.sampled_from(["document", "stream"]),
     batch_size=st.integers(1, 3),
     seed=st.integers(0, 100),
@@ -275,7 +275,7 @@ def _pipeline_pass(ds, ext, batch_size: int) -> list:
 
 
 @needs_core
-@pytest.mark.parametrize("packing", ["concat", "bestfit"])
+@pytest.mark.parametrize("packing", ["concat", "bestfit", "balance"])
 def test_workers_and_resumes_give_the_numpy_batches(tmp_path, packing):
     """Two forked workers pack on the path their parent runs; a state saved on one path
     resumes on the other into the same batches."""

@@ -6,7 +6,9 @@
                                   [--resume [--positions 0.1 0.5 0.9]]
 
 The other commit's ``streamforge/`` is extracted with ``git archive`` under
-``bench-out/against/REV/``; both trees stream the same corpus (``tools/bench_pipeline.py``'s,
+``bench-out/against/REV/`` and its compiled core built there from its own sources (its
+``setup.py build_ext --inplace``), so both trees run their compiled core where it builds
+(the report says which path each ran); both trees stream the same corpus (``tools/bench_pipeline.py``'s,
 built once under ``bench-out/pipeline/``) through ``PackedTokenDataset(url, seq_len=2048,
 seed=0)`` and ``StreamingLoader(batch_size=8, num_workers=N)``, one pass each, in fresh
 processes, alternating trees within every repeat so machine noise hits both alike. tokens/s
@@ -55,8 +57,12 @@ start, cpu = time.perf_counter(), time.process_time()
 for batch in loader:
     tokens += int((batch["doc_ids"] >= 0).sum())
     batches += 1
+try:
+    from streamforge.pipeline.core import name
+except ImportError:  # a tree from before the compiled core
+    name = lambda: "numpy"  # noqa: E731
 print(json.dumps({"tokens": tokens, "batches": batches, "seconds": time.perf_counter() - start,
-                  "cpu_seconds": time.process_time() - cpu}))
+                  "cpu_seconds": time.process_time() - cpu, "core": name()}))
 """
 
 
@@ -99,10 +105,16 @@ def extract(rev: str, dest_root: str) -> tuple[str, str]:
     dest = os.path.join(dest_root, sha)
     if not os.path.isdir(os.path.join(dest, "streamforge")):
         shutil.rmtree(dest, ignore_errors=True)
-        blob = subprocess.run(["git", "archive", "--format=tar", sha, "streamforge"], cwd=ROOT,
+        names = subprocess.run(["git", "ls-tree", "--name-only", sha], cwd=ROOT, check=True,
+                               capture_output=True, text=True).stdout.split()
+        paths = ["streamforge"] + [n for n in ("setup.py", "pyproject.toml") if n in names]
+        blob = subprocess.run(["git", "archive", "--format=tar", sha, *paths], cwd=ROOT,
                               check=True, capture_output=True).stdout
         with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
             tar.extractall(dest)
+        if os.path.exists(os.path.join(dest, "setup.py")):  # its compiled core, as this tree has its own
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest,
+                           capture_output=True)
     return dest, sha
 
 
@@ -195,9 +207,10 @@ def main(argv=None) -> None:
         return resume_report(args, trees, meta, sha, this_name, command)
     rates: dict[tuple[str, int], list[float]] = {}
     cpu_rates: dict[tuple[str, int], list[float]] = {}
+    cores = {}
     for workers in args.workers:  # one uncounted warm-up pass per tree (page cache, imports)
         for name, tree in trees.items():
-            one_pass(tree, meta["url"], workers, packings[name])
+            cores[name] = one_pass(tree, meta["url"], workers, packings[name]).get("core", "numpy")
     for r in range(args.repeats):
         for workers in args.workers:
             for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
@@ -219,7 +232,8 @@ def main(argv=None) -> None:
                    "(`tools/bench_against.py`)")
     report(args, heading,
            f"{setting(command, meta)}; one pass of 8x2048 batches per run, fresh process per run, trees "
-           f"alternated; medians of {args.repeats}.",
+           f"alternated; medians of {args.repeats}. Hot loops: {cores['this']} (this), {cores['other']} (other; "
+           "the tool builds the other tree's compiled core from its sources).",
            f"| num_workers | this ({this_name}) tokens/s | `{sha}`{other_packing(packings)} tokens/s | ratio |", rows)
 
 

@@ -20,6 +20,12 @@
  *       written nothing, where a part's dtype differs from the grid's or a part is not a
  *       contiguous 1-D array. ValueError where the parts run past the grid.
  *
+ *   balance_layout(lengths, cap, T, small, alone, round) -> bytearray or None
+ *       The balanced layout's dealing of a window's pieces into rows (in _layout.c).
+ *
+ *   balance_cap(lengths, density, hi) -> int or None
+ *       The balanced layout's cap on a window's parts (in _layout.c).
+ *
  * The loops run without the GIL: the buffers are held for the whole call.
  */
 #define PY_SSIZE_T_CLEAN
@@ -410,6 +416,9 @@ release:
     return result;
 }
 
+PyObject *core_balance_layout(PyObject *self, PyObject *args); /* _layout.c */
+PyObject *core_balance_cap(PyObject *self, PyObject *args);    /* _layout.c */
+
 static PyMethodDef core_methods[] = {
     {"expand", core_expand, METH_VARARGS,
      "expand(tokens, lookahead, start, length, stream, continues, document, input_ids, labels, position_ids, "
@@ -419,6 +428,13 @@ static PyMethodDef core_methods[] = {
      "fill_rows(parts, tokens, offset) -> int | None\n\nWrite the parts, end to end, into the [R, T+1] grid "
      "from flat position offset of its first T columns; the tokens written, or None (nothing written) "
      "where a part is not a contiguous 1-D array of the grid's dtype."},
+    {"balance_layout", core_balance_layout, METH_VARARGS,
+     "balance_layout(lengths, cap, T, small, alone, round) -> bytearray | None\n\nThe balanced layout's parts "
+     "(row, piece, offset, length; 4*P int64 items) of a window's piece lengths cut at cap; None where lengths "
+     "is not a contiguous int64 array."},
+    {"balance_cap", core_balance_cap, METH_VARARGS,
+     "balance_cap(lengths, density, hi) -> int | None\n\nThe smallest cap (at most hi) at which the lengths "
+     "cut at it reach density; None where lengths is not a contiguous int64 array."},
     {NULL, NULL, 0, NULL},
 };
 

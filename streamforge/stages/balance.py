@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ResumeMismatchError
+from ..pipeline import core
 from ..pipeline.batch import RowBatch, padding_rows
 from .base import check_state
 from .interleave import Interleaver
@@ -100,6 +101,7 @@ class BalancedPacker:
         self._flat: np.ndarray | None = None  # the window's tokens, as taken (and one look-ahead)
         self._rows = 0  # rows in the window
         self._copy: tuple = ()  # per part: row, position in it, position in _flat, length
+        self._views: list = []  # per part: its tokens in _flat
         self._next: np.ndarray | None = None  # each row's look-ahead token (pad_id where none)
         self._lookahead: np.ndarray | None = None
         self._parts: dict[str, np.ndarray] | None = None
@@ -116,10 +118,14 @@ class BalancedPacker:
     def next_rows(self, num_rows: int, out: np.ndarray | None = None) -> RowBatch | None:
         """Up to ``num_rows`` rows (fewer only at the end of a finite pass); None when done."""
         T = self.seq_len
-        tokens = padding_rows(num_rows, T, self.dtype, self.pad_id, out)
+        ext = core.ext
+        if ext is None:
+            tokens = padding_rows(num_rows, T, self.dtype, self.pad_id, out)
+        else:  # every token written below, padding where none is
+            tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
         lookahead = np.zeros(num_rows, bool)
         pieces: list[dict[str, np.ndarray]] = []
-        count = 0
+        count = written = 0
         while count < num_rows:
             if self._flat is None or self._emitted == self._rows:
                 if not self._build_window():
@@ -128,8 +134,11 @@ class BalancedPacker:
             a, b = self._emitted, self._emitted + k
             lo, hi = int(self._row_parts[a]), int(self._row_parts[b])
             flat, shift = self._flat, count - a
-            for r, pos, src, n in zip(*(x[lo:hi].tolist() for x in self._copy)):
-                tokens[r + shift, pos : pos + n] = flat[src : src + n]
+            # a window's parts, in row order, lie end to end in its rows (every row full but a short last one)
+            if ext is None or ext.fill_rows(self._views[lo:hi], tokens, count * T) is None:
+                for r, pos, src, n in zip(*(x[lo:hi].tolist() for x in self._copy)):
+                    tokens[r + shift, pos : pos + n] = flat[src : src + n]
+            written = count * T + int(self._copy[3][lo:hi].sum())
             tokens[count : count + k, T] = self._next[a:b]
             lookahead[count : count + k] = self._lookahead[a:b]
             part = {name: values[lo:hi] for name, values in self._parts.items()}
@@ -137,6 +146,9 @@ class BalancedPacker:
             pieces.append(part)
             self._emitted = b
             count += k
+        if ext is not None and written < num_rows * T:  # padding after the last token written
+            tokens[written // T, written % T :] = self.pad_id
+            tokens[written // T + 1 :] = self.pad_id
         if count == 0:
             return None
         joined = {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
@@ -175,19 +187,9 @@ class BalancedPacker:
 
     def _lay_out(self, flat: np.ndarray, pieces: dict[str, np.ndarray], filled: int, peeked: bool) -> None:
         T = self.seq_len
-        lay = lay_out(pieces["length"], T, self.target)
-        row, piece, length = lay["row"], lay["piece"], lay["length"]
         # each piece's parts take its tokens in row order (the layout depends on lengths only)
-        order = np.lexsort((np.arange(len(row)), piece))
-        within = np.empty(len(row), np.int64)
-        run = np.cumsum(length[order]) - length[order]
-        first = np.r_[0, np.flatnonzero(np.diff(piece[order])) + 1]
-        starts_of = np.repeat(run[first], np.diff(np.r_[first, len(order)]))
-        within[order] = run - starts_of
-        # in each row, the parts cut before their piece's end last (the last one keeps its label)
-        cut = within + length < pieces["length"][piece]
-        again = np.lexsort((within, piece, cut, row))
-        row, piece, length, within = row[again], piece[again], length[again], within[again]
+        lay = lay_out(pieces["length"], T, self.target, in_row_order=True)
+        row, piece, length, within = lay["row"], lay["piece"], lay["length"], lay["offset"]
         nrows = int(row[-1]) + 1
         pos = np.cumsum(length) - length
         row_first = np.searchsorted(row, np.arange(nrows + 1))
@@ -210,6 +212,7 @@ class BalancedPacker:
         self._flat, self._rows, self._lookahead = flat, nrows, lookahead
         self._row_parts = row_first
         self._copy = (row, pos, src, length)
+        self._views = [flat[a : a + n] for a, n in zip(src.tolist(), length.tolist())]  # for fill_rows
         self._parts = {
             "start": row * T + pos, "length": length, "stream": pieces["stream"][piece],
             "shard": pieces["shard"][piece], "record": pieces["record"][piece],

@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..pipeline import core
+
 QUANTILE = 0.05  # the share of windows that may fall short of the target
 PIECE_SHARE = 0.5  # the most of a row's target one piece may cost: two at the cap fill it
 SMALL = 0.25  # parts shorter than this many target densities fill the rows last, together
@@ -109,6 +111,9 @@ def window_density(lengths: np.ndarray, cap: int) -> float:
 def _cap_for(lengths: np.ndarray, density: float, seq_len: int) -> int:
     """The smallest cap (at most ``seq_len``) at which ``lengths`` reach ``density``, to
     within 1/64 of the range searched (two grids of 32 caps, one inside the other)."""
+    got = core.ext.balance_cap(lengths, density, int(seq_len)) if core.ext is not None else None
+    if got is not None:  # the compiled twin (pipeline/_layout.c)
+        return int(got)
     lo, hi = 1, int(seq_len)
     if _density(lengths, hi) <= density:
         return hi
@@ -128,7 +133,7 @@ def _cap_for(lengths: np.ndarray, density: float, seq_len: int) -> int:
     return hi
 
 
-def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np.ndarray]:
+def lay_out(lengths: Sequence[int], seq_len: int, target: float, in_row_order: bool = False) -> dict[str, np.ndarray]:
     """Rows of ``seq_len`` tokens from pieces ``lengths`` (in order): parts ``row``,
     ``piece``, ``offset``, ``length`` (int64 arrays, by row, in each row's order); every token
     of every piece lands in exactly one part, and every row is full but the last (when the
@@ -139,14 +144,47 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
     parts of at least ``SMALL`` target densities are dealt longest first, each to the row with
     room for it whose cost, with its room filled at the density of the parts still to come,
     would be lowest; the shorter parts then fill the rooms (``_fill``). A row's parts are in
-    reading order, except that parts cut before their piece's end come last."""
+    reading order, except that parts cut before their piece's end come last.
+
+    With ``in_row_order`` each piece's parts take its tokens in the order of the rows (the
+    offsets renumbered: an earlier row holds a document's earlier tokens), and the rows' parts
+    are ordered again by the new offsets (``_in_row_order``); the lengths are unchanged."""
     T = int(seq_len)
-    lengths = np.asarray(lengths, np.int64)
+    lengths = np.ascontiguousarray(lengths, np.int64)
     total = int(lengths.sum())
     if total == 0:
         return {k: np.zeros(0, np.int64) for k in ("row", "piece", "offset", "length")}
-    nrows = -(-total // T)
     cap = _cap_for(lengths, target / T, piece_cap(target, T))
+    small, alone = SMALL * target / T, ALONE * target / T
+    got = core.ext.balance_layout(lengths, cap, T, small, alone, ROUND, in_row_order) if core.ext is not None else None
+    if got is None:
+        lay = _deal_numpy(lengths, cap, T, small, alone)
+        return _in_row_order(lay, lengths) if in_row_order else lay
+    row, piece, offset, length = np.frombuffer(got, np.int64).reshape(4, -1)
+    return {"row": row, "piece": piece, "offset": offset, "length": length}
+
+
+def _in_row_order(lay: dict[str, np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:
+    """``lay``'s parts with each piece's offsets renumbered in the order of the parts (by row),
+    then ordered again: by row, the parts cut before their piece's end last, piece, offset."""
+    row, piece, length = lay["row"], lay["piece"], lay["length"]
+    order = np.lexsort((np.arange(len(row)), piece))
+    within = np.empty(len(row), np.int64)
+    run = np.cumsum(length[order]) - length[order]
+    first = np.r_[0, np.flatnonzero(np.diff(piece[order])) + 1]
+    starts_of = np.repeat(run[first], np.diff(np.r_[first, len(order)]))
+    within[order] = run - starts_of
+    # in each row, the parts cut before their piece's end last (the last one keeps its label)
+    cut = within + length < lengths[piece]
+    again = np.lexsort((within, piece, cut, row))
+    return {"row": row[again], "piece": piece[again], "offset": within[again], "length": length[again]}
+
+
+def _deal_numpy(lengths: np.ndarray, cap: int, T: int, small_len: float, alone_len: float) -> dict[str, np.ndarray]:
+    """``lay_out``'s parts once its cap is chosen, on numpy: the reference the compiled core's
+    ``balance_layout`` (``pipeline/_layout.c``) matches bit for bit."""
+    total = int(lengths.sum())
+    nrows = -(-total // T)
     n = np.where(lengths > cap, -(-lengths // cap), 1)
     piece = np.repeat(np.arange(len(lengths)), n)
     k = np.arange(len(piece)) - np.repeat(np.cumsum(n) - n, n)
@@ -165,7 +203,7 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
     later_sq = np.concatenate([np.cumsum((sizes * sizes)[::-1])[::-1][1:], [0.0]])
     later = np.concatenate([np.cumsum(sizes[::-1])[::-1][1:], [0.0]])
     rest = np.where(later > 0, later_sq / np.maximum(later, 1.0), 0.0)
-    split = int(np.searchsorted(-sizes, -SMALL * target / T, side="right"))
+    split = int(np.searchsorted(-sizes, -small_len, side="right"))
     out: list[tuple[int, int, int, int]] = []
 
     def deal(j: int, u: int) -> None:  # one part to the row of least projected cost
@@ -189,7 +227,7 @@ def lay_out(lengths: Sequence[int], seq_len: int, target: float) -> dict[str, np
             left -= take
 
     j = 0
-    alone = min(split, nrows, int(np.searchsorted(-sizes, -ALONE * target / T, side="right")))
+    alone = min(split, nrows, int(np.searchsorted(-sizes, -alone_len, side="right")))
     for u in order[:alone].tolist():  # the longest, one by one
         deal(j, u)
         j += 1
