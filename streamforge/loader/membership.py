@@ -154,11 +154,16 @@ class Membership:
                 before = self._snapshot()
                 try:
                     batch = next(self._inner)
+                    serving = loader.clock.pass_idx
+                    self._before = before
                 except StopIteration:
                     return
-                serving = loader.clock.pass_idx
-                self._before = before
-                yield batch
+                except BaseException:  # an interrupt (a signal) after the inner loop committed the batch
+                    if loader.clock.step != before[0]:  # but before this loop handed it out: put it back
+                        self._before = before
+                        self._put_back()
+                    raise
+                yield batch  # nothing between the commit's guard and the yield runs a signal handler
         finally:
             self._stop()
 
