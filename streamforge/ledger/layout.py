@@ -12,7 +12,7 @@ from ..storage.open import join
 
 FORMAT = "streamforge-ledger"
 VERSION = 1
-DEFAULTCHUNK_RE_STEPS = 256
+DEFAULT_CHUNK_STEPS = 256
 GEN_RE = re.compile(r"gen-(\d{6,})")
 HEADER_RE = re.compile(r"rank(\d{5,})\.json")  # generations/gen-NNNNNN/rankNNNNN.json
 CHUNK_RE = re.compile(r"gen-(\d{6,})-(\d{6,})\.npz")  # rankNNNNN/gen-NNNNNN-SSSSSS.npz
