@@ -67,6 +67,8 @@ class FaultTolerantData:
         self.loader = loader
         self.manager = manager
         self._healed: dict | None = None
+        if loader.ledger is not None:  # a group restarts on its own, and only committed steps count
+            loader.ledger.participant = loader.ledger.commits = True
         if register:
             manager.register_state_dict_fn(KEY, self.load_state_dict, self.state_dict)
 
@@ -97,7 +99,18 @@ class FaultTolerantData:
             if state.get("kind") is not None:  # (none: the sender's first quorum, no history yet)
                 state["step"] = step
                 loader.load_state_dict(state)
+        if loader.ledger is not None and step > 0:  # the manager's step moves on a commit only
+            loader.ledger.commit(step - 1)
         loader.set_membership(step, n, rank=int(rank))
+
+    def should_commit(self) -> bool:
+        """``manager.should_commit()``, with the step's commit recorded in the ledger as soon as
+        it is known (else at the next step's ``sync``: a group killed in between leaves a step
+        trained but not counted)."""
+        ok = bool(self.manager.should_commit())
+        if ok and self.loader.ledger is not None:
+            self.loader.ledger.commit(int(self.manager.current_step()) - 1)
+        return ok
 
     def __iter__(self) -> Iterator[dict]:
         it = None

@@ -25,6 +25,9 @@ class Ledger:
     (``group_restarts``). ``rolled_back``: the steps (one per rank) a later restart voided.
     ``damaged``: records skipped as damaged, with the pass and rank that met them.
     ``passes``: pass -> plan summary. ``problems``: inconsistencies found while reading.
+    ``uncommitted``: the steps of participants that record commits (torchft) past their last
+    commit: handed out, never trained (void). ``membership``: the live-membership history
+    ``[[step, participants], ...]`` the participants last recorded (None without one).
     """
 
     steps: dict[str, np.ndarray]
@@ -35,6 +38,8 @@ class Ledger:
     damaged: list[dict[str, Any]] = field(default_factory=list)
     passes: dict[int, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    uncommitted: dict[str, np.ndarray] = field(default_factory=dict)
+    membership: list[list[int]] | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -69,6 +74,8 @@ def read_ledger(url: str, storage_options: dict[str, Any] | None = None) -> Ledg
     problems: list[str] = []
     blobs = _read_many(fs, [c[3] for c in chunks])
     step_parts, piece_parts, damaged, passes = [], [], [], {}
+    committed: dict[tuple[int, int], int] = {}  # (generation, rank) -> its last commit
+    history, history_key = None, None
     for (gen, rank, seq, path), blob in zip(chunks, blobs):
         if (gen, rank) not in headers:
             problems.append(f"{path}: chunk of generation {gen} on rank {rank} without its header")
@@ -84,19 +91,29 @@ def read_ledger(url: str, storage_options: dict[str, Any] | None = None) -> Ledg
         last_pass = int(steps["pass"][-1]) if len(steps["pass"]) else None
         damaged += [{**d, "pass": last_pass, "rank": rank} for d in info.get("damaged", [])]
         for k, v in info.get("passes", {}).items():
-            passes.setdefault(int(k), []).append({**v, "generation": gen})
+            passes.setdefault(int(k), []).append({**v, "generation": gen, "rank": rank})
+        if info.get("committed") is not None:
+            committed[gen, rank] = max(committed.get((gen, rank), -1), int(info["committed"]))
+        if info.get("membership"):  # the history reaching furthest, then the latest written
+            key = (info["membership"][-1][0], gen, seq)
+            if history_key is None or key > history_key:
+                history, history_key = info["membership"], key
     piece_columns = {**PIECE_COLUMNS, **{k: v for k, v in STEP_COLUMNS.items() if k != "num_pieces"}}
     steps, pieces = _concat(step_parts, STEP_COLUMNS), _concat(piece_parts, piece_columns)
     generations = sorted(headers.values(), key=lambda h: (h["generation"], h["time"], h["rank"]))
     restarts = group_restarts(generations)
-    keep_steps = _effective(steps, restarts)
-    keep_pieces = _effective(pieces, restarts)
-    rolled_back = {k: v[~keep_steps] for k, v in steps.items()}
+    commits = {(int(h["generation"]), int(h["rank"])) for h in generations if h.get("commits")}
+    live_steps, done_steps = _effective(steps, restarts, commits, committed)
+    live_pieces, done_pieces = _effective(pieces, restarts, commits, committed)
+    keep_steps, keep_pieces = live_steps & done_steps, live_pieces & done_pieces
     return Ledger(
         steps={k: v[keep_steps] for k, v in steps.items()},
         pieces={k: v[keep_pieces] for k, v in pieces.items()},
-        generations=generations, restarts=restarts, rolled_back=rolled_back, damaged=_unique(damaged),
-        passes={p: _full_plan(items) for p, items in sorted(passes.items())}, problems=problems,
+        generations=generations, restarts=restarts, rolled_back={k: v[~live_steps] for k, v in steps.items()},
+        damaged=_unique(damaged),
+        passes={p: _full_plan(_standing(items, restarts)) for p, items in sorted(passes.items())},
+        problems=problems, uncommitted={k: v[live_steps & ~done_steps] for k, v in steps.items()},
+        membership=history,
     )
 
 
@@ -135,25 +152,30 @@ def group_restarts(generations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The restarts of the job, in order: each folds the headers of one or more generations
     (``generations``: their numbers, ``ranks``, ``resumed_at_step``, ``mode``, ``world_size``,
     ``time``). Adjacent generations that resumed at the same step on disjoint ranks are one
-    restart whose ranks raced for the number (see the module docstring)."""
+    restart whose ranks raced for the number (see the module docstring). ``scope``: "job"
+    (a restart of the whole job: it voids every rank's later steps) or "participant" (one
+    replica group that restarted, or a batch put back: it voids that participant's only)."""
     out: list[dict[str, Any]] = []
     for number in sorted({int(h["generation"]) for h in generations}):
         mine = [h for h in generations if int(h["generation"]) == number]
         ranks = {int(h["rank"]) for h in mine}
         step = min(int(h["resumed_at_step"]) for h in mine)
+        scope = "participant" if all(h.get("scope") == "participant" for h in mine) else "job"
         last = out[-1] if out else None
-        if last is not None and last["resumed_at_step"] == step and not ranks & set(last["ranks"]):
+        if last is not None and last["resumed_at_step"] == step and not ranks & set(last["ranks"]) and (
+                last["scope"] == scope):
             last["generations"].append(number)
             last["ranks"] = sorted(set(last["ranks"]) | ranks)
             continue
         h = mine[0]
         out.append({"generations": [number], "ranks": sorted(ranks), "resumed_at_step": step, "mode": h["mode"],
-                    "world_size": int(h["world_size"]), "time": min(x["time"] for x in mine)})
+                    "world_size": int(h["world_size"]), "time": min(x["time"] for x in mine), "scope": scope})
     return out
 
 
-def rollback_cutoffs(restarts: list[dict[str, Any]], numbers) -> dict[int, float]:
-    """generation -> the first step voided in it: the smallest step any later restart
+def rollback_cutoffs(restarts: list[dict[str, Any]], numbers, rank: int | None = None) -> dict[int, float]:
+    """generation -> the first step voided in it (on ``rank``; None: a rank no participant
+    restart names): the smallest step any later restart of the job, or of that participant,
     resumed at (infinity when none did). ``numbers``: the generations to answer for; one
     without a header (a lost header) is voided by the restarts numbered after it."""
     restart_of = {g: i for i, r in enumerate(restarts) for g in r["generations"]}
@@ -164,16 +186,33 @@ def rollback_cutoffs(restarts: list[dict[str, Any]], numbers) -> dict[int, float
             later = restarts[restart_of[g] + 1:]
         else:
             later = [r for r in restarts if min(r["generations"]) > g]
-        out[g] = min((r["resumed_at_step"] for r in later), default=float("inf"))
+        out[g] = min((r["resumed_at_step"] for r in later if r.get("scope", "job") == "job" or rank in r["ranks"]),
+                     default=float("inf"))
     return out
 
 
-def _effective(columns: dict[str, np.ndarray], restarts: list[dict[str, Any]]) -> np.ndarray:
-    """Mask of the records no later restart rolled back."""
-    numbers, inverse = np.unique(columns["generation"], return_inverse=True)
-    cutoffs = rollback_cutoffs(restarts, numbers.tolist())
-    limits = np.array([cutoffs[g] for g in numbers.tolist()], dtype=np.float64)
-    return columns["step"] < limits[inverse] if len(numbers) else np.zeros(0, bool)
+def _effective(columns: dict[str, np.ndarray], restarts: list[dict[str, Any]], commits: set,
+               committed: dict[tuple[int, int], int]) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the records no later restart rolled back, and of those committed (every
+    record of a generation that does not record commits)."""
+    pairs = np.stack([columns["generation"].astype(np.int64), columns["rank"].astype(np.int64)], axis=1)
+    if not len(pairs):
+        return np.zeros(0, bool), np.zeros(0, bool)
+    uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    limits, done = np.empty(len(uniq)), np.empty(len(uniq))
+    for i, (g, r) in enumerate(uniq.tolist()):
+        limits[i] = rollback_cutoffs(restarts, [g], r)[g]
+        done[i] = committed.get((g, r), -1) if (g, r) in commits else np.inf
+    step = columns["step"]
+    return step < limits[inverse], step <= done[inverse]
+
+
+def _standing(items: list[dict], restarts: list[dict[str, Any]]) -> list[dict]:
+    """The plan summaries no later restart voided (a re-plan made at or past its generation's
+    cutoff belongs to a run that was rolled back)."""
+    return [i for i in items if not i.get("remaining") or i.get("first_step", 0) < rollback_cutoffs(
+        restarts, [i["generation"]], i.get("rank"))[i["generation"]]]
 
 
 def _unique(items: list[dict]) -> list[dict]:
@@ -192,7 +231,14 @@ def _full_plan(items: list[dict]) -> dict:
     them ends, each re-plan adds its own drop bound, and the pass drops what the last one drops."""
     whole = [i for i in items if not i.get("remaining")]
     base = dict((whole or items)[-1])
-    later = [i for i in items if i.get("remaining") and i["first_step"] >= base["first_step"]]
+    later, seen = [], set()
+    # by first step (a re-plan at a step replaces one made there before), each re-plan once
+    # (every participant of a live membership records the segments it follows)
+    for i in sorted(items, key=lambda i: i["first_step"]):
+        key = tuple(i.get(k) for k in ("first_step", "steps", "tokens", "dropped_tokens", "drop_bound", "world_size"))
+        if i.get("remaining") and i["first_step"] >= base["first_step"] and key not in seen:
+            seen.add(key)
+            later.append(i)
     if whole and later:
         last = later[-1]
         base["steps"] = last["first_step"] + last["steps"] - base["first_step"]

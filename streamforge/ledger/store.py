@@ -109,13 +109,23 @@ class LedgerWriter:
         self._passes: dict[int, dict] = {}  # pass summaries not yet written
         self._passes_seen: set[int] = set()
         self.generation = -1
+        # a participant of a live membership whose restarts are its own (torchft's replica
+        # groups): its generations void its own later steps only; with ``commits`` it records
+        # which steps were committed (``commit``), and those past the last commit are void
+        self.participant = False
+        self.commits = False
+        self.history: list | None = None  # the live-membership history, kept in every chunk
+        self._committed: int | None = None
+        self._committed_written: int | None = None
         self.start_generation(0, "fresh")
         _open_writers.add(self)
 
     # -- generations ---------------------------------------------------------------------
-    def start_generation(self, resumed_at_step: int, mode: str) -> int:
+    def start_generation(self, resumed_at_step: int, mode: str, scope: str | None = None) -> int:
         """Begin a generation (a fresh start or a restart at ``resumed_at_step``); what is
-        buffered belongs to the previous one and is written first. Returns its number."""
+        buffered belongs to the previous one and is written first. Returns its number.
+        ``scope="participant"``: it voids this rank's later steps only (a batch put back);
+        default: the whole job's, unless this writer is a ``participant``'s."""
         self.flush()
         # what this writer wrote is in the listing: a number is never reused once written
         self.generation = Topology(self.rank, self.world_size).agree_max(last_generation(self._fs, self._root) + 1)
@@ -124,6 +134,7 @@ class LedgerWriter:
             "generation": self.generation, "resumed_at_step": int(resumed_at_step), "mode": str(mode),
             "time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "meta": self.meta,
         }
+        self._scope = scope
         self._header_written = False
         self._seq = 0
         self._passes_seen = set()
@@ -158,11 +169,26 @@ class LedgerWriter:
         built, checkpointed and then resumed must not void the run it resumes)."""
         if wait:
             self._drain()
-        if self.generation >= 0 and self._steps:
+        if self.generation >= 0 and (self._steps or self._committed != self._committed_written):
             self._write_chunk(inline=wait)
+
+    def commit(self, step: int) -> None:
+        """Steps up to ``step`` were committed (trained): written now, with the steps buffered
+        (in the background). A ledger that records commits voids the steps past the last one."""
+        self.commits = True
+        if self._committed is None or step > self._committed:
+            self._committed = int(step)
+            self.flush(wait=False)
+
+    def replan(self, pass_idx: int) -> None:
+        """The plan of ``pass_idx`` changed (a membership change): described again with its
+        next step."""
+        self._passes_seen.discard(pass_idx)
 
     def _write_chunk(self, inline: bool) -> None:
         if not self._header_written:
+            self._header["scope"] = self._scope or ("participant" if self.participant else "job")
+            self._header["commits"] = self.commits
             where = join(join(self._root, GENERATIONS), f"gen-{self.generation:06d}")
             self._submit(join(where, f"{rank_dir(self.rank)}.json"), json.dumps(self._header, indent=1).encode(),
                          inline)
@@ -174,11 +200,17 @@ class LedgerWriter:
             step_table[name] = steps[:, i]
         piece_table = np.empty(int(steps[:, 3].sum()), PIECE_DTYPE)
         for i, name in enumerate(PIECE_COLUMNS):
-            piece_table[name] = np.concatenate([p[i] for p in self._pieces])
+            if self._pieces:
+                piece_table[name] = np.concatenate([p[i] for p in self._pieces])
         arrays = {"steps": step_table, "pieces": piece_table}
         info = {"rank": self.rank, "generation": self.generation, "seq": self._seq,
                 "damaged": list(self._damaged()) if self._damaged is not None else [],
                 "passes": {str(k): v for k, v in self._passes.items()}}
+        if self._committed is not None:
+            info["committed"] = self._committed
+        if self.history is not None:
+            info["membership"] = [list(map(int, e)) for e in self.history]
+        self._committed_written = self._committed
         arrays["info"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
         buf = io.BytesIO()
         np.savez(buf, **arrays)

@@ -125,6 +125,9 @@ class Membership:
         clock.pass_tokens = tokens
         self._before = None
         self._joining = False
+        if loader.ledger is not None:  # the history in its chunks; the segment's plan with the next step
+            loader.ledger.history = [list(e) for e in self.history]
+            loader.ledger.replan(self.planner.pass_idx)
 
     def _next_pass(self) -> None:
         """At a new pass: its plan over the participants live at its first step."""
@@ -189,7 +192,7 @@ class Membership:
                 steps.pop()
                 ledger._pieces.pop()
             elif steps is not None:  # already on storage: a generation from that step voids it
-                ledger.start_generation(clock.step, "membership")
+                ledger.start_generation(clock.step, "membership", scope="participant")  # its own steps only
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
