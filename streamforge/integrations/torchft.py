@@ -11,6 +11,8 @@ a ``StreamingLoader``:
   to the survivors, a rejoining one takes a share of what is left, on one step clock;
 * a step that was not committed (``should_commit()`` False, the manager's step unchanged)
   puts its batch back: the step is rebuilt, on the new membership if it changed;
+* with a ledger, each group records under its own participant id: its restart voids its own
+  later steps only, and the steps past its last commit are void (docs/ledger.md);
 * it registers the loader's state with the manager (``register_state_dict_fn``): a group
   that heals receives it with the weights. That state is the membership history and the step,
   small and the same on every group, not a peer's cursors: the healed group computes its own.
@@ -26,7 +28,7 @@ Usage (a plain optimizer; ``OptimizerWrapper`` would run a second quorum in ``ze
         loss.backward()
         for p in model.parameters():   # or torchft's DistributedDataParallel
             manager.allreduce(p.grad).wait()
-        if manager.should_commit():
+        if data.should_commit():       # manager.should_commit(), the commit kept in the ledger
             optimizer.step()
         optimizer.zero_grad()
 
