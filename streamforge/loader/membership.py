@@ -58,7 +58,14 @@ class Membership:
         return self.history is not None
 
     # -- changes ---------------------------------------------------------------------------
-    def set(self, step: int, participants: Any, rank: int | None = None) -> None:
+    def cursors(self) -> dict[str, Any]:
+        """This participant's cursors at the loader's next step: what a peer passes to
+        ``set_membership(..., cursors=)`` so as not to replay them (``{"step", "rank": its
+        position among the live, "workers": its worker states}``)."""
+        clock = self.loader.clock
+        return {"step": clock.step, "rank": self.rank, "workers": list(clock.worker_states)}
+
+    def set(self, step: int, participants: Any, rank: int | None = None, cursors: list | None = None) -> None:
         loader = self.loader
         if loader.evaluation or loader.infinite or loader.dataset.config.packing == "bestfit":
             raise ConfigError("set_membership: live membership re-plans a finite training pass in concat or pad "
@@ -80,6 +87,9 @@ class Membership:
             return
         self._stop()
         self.history, self.rank = history, rank
+        if cursors and self.planner is not None:  # the live participants' own: only the departed are replayed
+            self.planner.known[step] = {int(c["rank"]): list(c["workers"]) for c in cursors
+                                        if int(c["step"]) == step and c["rank"] is not None}
         self._apply(step)
 
     def _rank_of(self, participants: Any, n: int, rank: int | None) -> int:
