@@ -87,10 +87,10 @@ class Membership:
             return
         self._stop()
         self.history, self.rank = history, rank
-        if cursors and self.planner is not None:  # the live participants' own: only the departed are replayed
-            self.planner.known[step] = {int(c["rank"]): list(c["workers"]) for c in cursors
-                                        if int(c["step"]) == step and c["rank"] is not None}
-        self._apply(step)
+        # the live participants' own cursors: only the departed are replayed
+        known = {int(c["rank"]): list(c["workers"]) for c in cursors or () if int(c["step"]) == step
+                 and c["rank"] is not None}
+        self._apply(step, known)
 
     def _rank_of(self, participants: Any, n: int, rank: int | None) -> int:
         if rank is None:
@@ -106,7 +106,7 @@ class Membership:
             raise ConfigError(f"set_membership: rank {rank} is not in 0..{n - 1} ({n} live participants)")
         return int(rank)
 
-    def _apply(self, step: int) -> None:
+    def _apply(self, step: int, known: dict | None = None) -> None:
         """The loader set to this participant's position at ``step`` of the segment holding it."""
         loader, clock = self.loader, self.loader.clock
         if clock.plan is not None and loader.pass_over():  # (a restored clock has no plan yet)
@@ -119,6 +119,8 @@ class Membership:
             self.planner = MembershipPlanner(self.base, workers_per_rank=loader.num_logical,
                                              batch_sizes=loader.batch_sizes, pass_idx=clock.pass_idx,
                                              first_step=clock.first_step, rest=rest)
+        if known:
+            self.planner.known[step] = known
         end = self.planner.segments(self.history, step)[-1].end
         if step >= end > self.planner.first_step:  # the pass ended before ``step``: the next one from its end
             clock.start(self.planner.pass_idx + 1, end)
