@@ -46,11 +46,14 @@ def _job(url: str, drop: tuple[int, int] | None = None) -> None:
     w0.add(5, 0, _rows(50))
     w0.flush()
     w0.start_generation(5, "membership", scope="participant")  # put back: its own step 5 only
+    # participant 1's new process takes its number before participant 0 wrote one: the same
+    # number (no process group joins them), two restarts
+    w1 = _writer(url, 1)
+    w1.start_generation(10, "exact")  # healed at step 10: voids participant 1's steps >= 10 only
+    assert w1.generation == w0.generation
     for step in range(5, 10):
         w0.add(step, 0, _rows(1000 if step == 5 else 10 * step))
         w0.commit(step)
-    w1 = _writer(url, 1)
-    w1.start_generation(10, "exact")  # healed at step 10: voids participant 1's steps >= 10 only
     for step in range(10, 13):
         for rank, w in ((0, w0), (1, w1)):
             if (rank, step) != drop:

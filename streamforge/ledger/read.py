@@ -156,8 +156,8 @@ def group_restarts(generations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (a restart of the whole job: it voids every rank's later steps) or "participant" (one
     replica group that restarted, or a batch put back: it voids that participant's only)."""
     out: list[dict[str, Any]] = []
-    for number in sorted({int(h["generation"]) for h in generations}):
-        mine = [h for h in generations if int(h["generation"]) == number]
+    for mine in _by_number(generations):
+        number = int(mine[0]["generation"])
         ranks = {int(h["rank"]) for h in mine}
         step = min(int(h["resumed_at_step"]) for h in mine)
         scope = "participant" if all(h.get("scope") == "participant" for h in mine) else "job"
@@ -173,17 +173,39 @@ def group_restarts(generations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _by_number(generations: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The headers of each generation number; participants' headers of one number that resumed
+    at different steps apart (participants of different processes race for numbers, and the
+    restart of one is not another's)."""
+    out = []
+    for number in sorted({int(h["generation"]) for h in generations}):
+        mine = [h for h in generations if int(h["generation"]) == number]
+        if all(h.get("scope") == "participant" for h in mine):
+            steps = sorted({h["resumed_at_step"] for h in mine})
+            out += [[h for h in mine if h["resumed_at_step"] == s] for s in steps]
+        else:
+            out.append(mine)
+    return out
+
+
+def restart_index(restarts: list[dict[str, Any]], generation: int, rank: int | None = None) -> int | None:
+    """The restart holding ``generation`` (on ``rank``, where participants share a number)."""
+    hits = [i for i, r in enumerate(restarts) if generation in r["generations"]]
+    mine = [i for i in hits if rank in restarts[i]["ranks"]]
+    return (mine or hits or [None])[0]
+
+
 def rollback_cutoffs(restarts: list[dict[str, Any]], numbers, rank: int | None = None) -> dict[int, float]:
     """generation -> the first step voided in it (on ``rank``; None: a rank no participant
     restart names): the smallest step any later restart of the job, or of that participant,
     resumed at (infinity when none did). ``numbers``: the generations to answer for; one
     without a header (a lost header) is voided by the restarts numbered after it."""
-    restart_of = {g: i for i, r in enumerate(restarts) for g in r["generations"]}
     out = {}
     for g in numbers:
         g = int(g)
-        if g in restart_of:
-            later = restarts[restart_of[g] + 1:]
+        index = restart_index(restarts, g, rank)
+        if index is not None:
+            later = restarts[index + 1:]
         else:
             later = [r for r in restarts if min(r["generations"]) > g]
         out[g] = min((r["resumed_at_step"] for r in later if r.get("scope", "job") == "job" or rank in r["ranks"]),

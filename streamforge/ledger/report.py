@@ -120,7 +120,10 @@ def _step_problems(ledger: Ledger) -> list[str]:
     steps, out = ledger.steps, []
     step, rank = steps["step"], steps["rank"].astype(np.int64)
     for r in ledger.restarts:
-        early = step[np.isin(steps["generation"], r["generations"]) & (step < r["resumed_at_step"])]
+        mine = np.isin(steps["generation"], r["generations"])
+        if r.get("scope") == "participant":  # participants' restarts may share a number
+            mine &= np.isin(rank, r["ranks"])
+        early = step[mine & (step < r["resumed_at_step"])]
         if len(early):
             out.append(f"generation {_names(r)} resumed at step {r['resumed_at_step']} but recorded steps "
                        f"{int(early.min())}..{int(early.max())}")
@@ -150,7 +153,8 @@ def _holes(ledger: Ledger) -> list[str]:
         mine = np.isin(steps["generation"], h["generations"])
         if not mine.any():
             continue
-        if h.get("scope") == "participant":  # it stops where its participant leaves or dies
+        if h.get("scope") == "participant":
+            mine &= np.isin(steps["rank"], h["ranks"])  # it stops where its participant leaves or dies
             for r in h["ranks"]:
                 got = np.unique(steps["step"][mine & (steps["rank"] == r)])
                 if len(got) and len(got) < int(got[-1]) - h["resumed_at_step"] + 1:
