@@ -106,12 +106,12 @@ class FaultTolerantData:
         loader.set_membership(step, n, rank=int(rank))
 
     def should_commit(self) -> bool:
-        """``manager.should_commit()``, with the step's commit recorded in the ledger as soon as
-        it is known (else at the next step's ``sync``: a group killed in between leaves a step
-        trained but not counted)."""
+        """``manager.should_commit()``, with the step's commit written to the ledger before it
+        returns (else at the next step's ``sync``: a group killed in between leaves a step
+        trained but not in the ledger)."""
         ok = bool(self.manager.should_commit())
         if ok and self.loader.ledger is not None:
-            self.loader.ledger.commit(int(self.manager.current_step()) - 1)
+            self.loader.ledger.commit(int(self.manager.current_step()) - 1, wait=True)
         return ok
 
     def __iter__(self) -> Iterator[dict]:

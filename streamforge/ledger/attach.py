@@ -55,7 +55,7 @@ class ReplicaLedger:
         self.generation = self.topology.agree_max(-1)  # replica 0's writer brings the number
         return self.generation
 
-    def commit(self, step: int) -> None:
+    def commit(self, step: int, wait: bool = False) -> None:
         pass
 
     def replan(self, pass_idx: int) -> None:

@@ -172,13 +172,14 @@ class LedgerWriter:
         if self.generation >= 0 and (self._steps or self._committed != self._committed_written):
             self._write_chunk(inline=wait)
 
-    def commit(self, step: int) -> None:
+    def commit(self, step: int, wait: bool = False) -> None:
         """Steps up to ``step`` were committed (trained): written now, with the steps buffered
-        (in the background). A ledger that records commits voids the steps past the last one."""
+        (in the background; ``wait=True``: on storage when this returns). A ledger that records
+        commits voids the steps past the last one."""
         self.commits = True
         if self._committed is None or step > self._committed:
             self._committed = int(step)
-            self.flush(wait=False)
+            self.flush(wait=wait)
 
     def replan(self, pass_idx: int) -> None:
         """The plan of ``pass_idx`` changed (a membership change): described again with its
