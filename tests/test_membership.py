@@ -260,3 +260,27 @@ def test_a_batch_put_back_leaves_the_ledger(corpus, tmp_path, chunk_steps):
     pieces = ledger.pieces
     mine = pieces["step"] == 7
     assert int(pieces["length"][mine].sum()) == int(got[7][:, 4].sum())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_live_participants_cursors_replace_their_replay(corpus, workers):
+    """Three participants; at step 3 participant 2 leaves. The survivors that pass each other's
+    own cursors (``cursors=``: only the departed one is replayed) yield the same batches to the
+    pass's end as survivors that replay every cursor."""
+    runs = []
+    for exchange in (False, True):
+        loaders = [_loader(corpus, g, 3, workers=workers) for g in range(3)]
+        its = [iter(loader) for loader in loaders]  # no membership before the change: the plain plan
+        for _ in range(3):
+            for it in its:
+                next(it)
+        cursors = [loaders[g].membership.cursors() for g in (0, 1)] if exchange else None
+        its[2].close()
+        out = []
+        for g in (0, 1):
+            loaders[g].set_membership(3, {0, 1}, cursors=cursors)
+            out.append([_pieces(b).tolist() for b in its[g]])
+        runs.append(out)
+        if exchange:
+            assert set(loaders[0].membership.planner.known[3]) == {0, 1}
+    assert runs[0] == runs[1] and runs[0][0]

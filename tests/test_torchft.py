@@ -1,9 +1,10 @@
 """The real torchft: a lighthouse and two replica groups, each its own torchrun job (one
 process, gloo on CPU, loopback). Group 1 is killed mid-pass and restarted; it heals and
 rejoins; later group 0 is killed and restarted the same way. Every token of the pass is
-trained exactly once across the groups: the committed steps' document pieces, logged by each
-group, are the plan's for their step and position, overlap nowhere and leave out at most the
-plan's drop bound."""
+trained exactly once across the groups: the ledger the groups keep in one folder (each its own
+participant, a restart voiding its own steps only, steps never committed void) checks with no
+duplicate and nothing missing beyond what the plan's segments drop; and the committed steps'
+document pieces, logged by each group, are the plan's for their step and position."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import pytest
 from helpers.pipeline import make_corpus
 from helpers.s3_server import free_port
 from helpers.torchrun import ROOT
+from streamforge.ledger.report import check
+from streamforge.ledger.store import read_ledger
 
 torchft = pytest.importorskip("torchft", reason="torchft is not installed (the 'torchft' extra; wheels exist for "
                                                 "Linux x86_64 only)")
@@ -30,12 +33,14 @@ SPEC = (("code", 30, 120), ("web", 90, 40))
 
 
 def _launch(corpus, group, log, lighthouse, out):
+    ledger = log.parent / "ledger"
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path,
            "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(WORKER), str(corpus), str(group), "2", str(log), lighthouse]
+           f"--master_port={free_port()}", str(WORKER), str(corpus), str(group), "2", str(log), lighthouse,
+           str(ledger)]
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -111,6 +116,17 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
         lighthouse.wait(timeout=30)
         out.close()
 
+    # the ledger: every token of the pass trained once across the groups, nothing missing but the drop
+    report = check(read_ledger(tmp_path / "ledger"))
+    assert report["ok"], report["problems"]
+    assert not report["duplicates"]
+    [entry] = report["passes"]
+    assert entry["complete"] and entry["skipped_tokens"] == 0
+    assert entry["not_delivered_tokens"] == entry["dropped_tokens"] <= entry["drop_bound"], entry
+    for group, killed_at in kills:  # its heal voided its own steps only: the survivor's stand
+        assert any(r["ranks"] == [group] and r["scope"] == "participant" and r["resumed_at_step"] > killed_at
+                   for r in report["ledger"]["restarts"]), report["ledger"]["restarts"]
+
     records = _records(logs[0]) + _records(logs[1])
     steps = [r for r in records if "step" in r]
     ends = [r for r in records if "end" in r]
@@ -137,6 +153,7 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
     from torchft_group import build
 
     history = [(s, set(range(n))) for s, n in ends[0]["state"]["history"]]
+    assert report["membership"] == ends[0]["state"]["history"]
     counts = [n for _, n in ends[0]["state"]["history"]]
     assert any(counts[i:i + 5] == [2, 1, 2, 1, 2] for i in range(len(counts))), counts
     want, end, bound, _ = drive(lambda g: build(corpus, g, 2), history, 2)
@@ -147,3 +164,4 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
     total = sum(len(x) + 1 for _, d in docs.values() for x in d if len(x))
     trained = sum(b - a for spans in seen.values() for a, b in spans)
     assert 0 <= total - trained <= bound
+    assert total - trained == entry["not_delivered_tokens"] and trained == entry["delivered_tokens"]

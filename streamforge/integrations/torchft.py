@@ -11,6 +11,8 @@ a ``StreamingLoader``:
   to the survivors, a rejoining one takes a share of what is left, on one step clock;
 * a step that was not committed (``should_commit()`` False, the manager's step unchanged)
   puts its batch back: the step is rebuilt, on the new membership if it changed;
+* with a ledger, each group records under its own participant id: its restart voids its own
+  later steps only, and the steps past its last commit are void (docs/ledger.md);
 * it registers the loader's state with the manager (``register_state_dict_fn``): a group
   that heals receives it with the weights. That state is the membership history and the step,
   small and the same on every group, not a peer's cursors: the healed group computes its own.
@@ -26,7 +28,7 @@ Usage (a plain optimizer; ``OptimizerWrapper`` would run a second quorum in ``ze
         loss.backward()
         for p in model.parameters():   # or torchft's DistributedDataParallel
             manager.allreduce(p.grad).wait()
-        if manager.should_commit():
+        if data.should_commit():       # manager.should_commit(), the commit kept in the ledger
             optimizer.step()
         optimizer.zero_grad()
 
@@ -67,6 +69,8 @@ class FaultTolerantData:
         self.loader = loader
         self.manager = manager
         self._healed: dict | None = None
+        if loader.ledger is not None:  # a group restarts on its own, and only committed steps count
+            loader.ledger.participant = loader.ledger.commits = True
         if register:
             manager.register_state_dict_fn(KEY, self.load_state_dict, self.state_dict)
 
@@ -97,7 +101,18 @@ class FaultTolerantData:
             if state.get("kind") is not None:  # (none: the sender's first quorum, no history yet)
                 state["step"] = step
                 loader.load_state_dict(state)
+        if loader.ledger is not None and step > 0:  # the manager's step moves on a commit only
+            loader.ledger.commit(step - 1)
         loader.set_membership(step, n, rank=int(rank))
+
+    def should_commit(self) -> bool:
+        """``manager.should_commit()``, with the step's commit written to the ledger before it
+        returns (else at the next step's ``sync``: a group killed in between leaves a step
+        trained but not in the ledger)."""
+        ok = bool(self.manager.should_commit())
+        if ok and self.loader.ledger is not None:
+            self.loader.ledger.commit(int(self.manager.current_step()) - 1, wait=True)
+        return ok
 
     def __iter__(self) -> Iterator[dict]:
         it = None

@@ -43,14 +43,23 @@ class ReplicaLedger:
     replica 0 of its data-parallel rank writes the same steps, so this one writes nothing and
     only joins the ledger's collectives (the generation agreed on at every start)."""
 
+    participant = commits = False
+    history = None
+
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.generation = -1
         self.start_generation(0, "fresh")
 
-    def start_generation(self, resumed_at_step: int, mode: str) -> int:
+    def start_generation(self, resumed_at_step: int, mode: str, scope: str | None = None) -> int:
         self.generation = self.topology.agree_max(-1)  # replica 0's writer brings the number
         return self.generation
+
+    def commit(self, step: int, wait: bool = False) -> None:
+        pass
+
+    def replan(self, pass_idx: int) -> None:
+        pass
 
     def add(self, step: int, pass_idx: int, rows: Any, skipped: bool = False) -> None:
         pass

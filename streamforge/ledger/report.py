@@ -89,9 +89,11 @@ def check(ledger: Ledger, manifests: dict[str, Any] | None = None) -> dict[str, 
             "steps": _range(steps["step"]),
             "rank_steps": int(len(steps["step"])),
             "rolled_back_rank_steps": int(len(ledger.rolled_back["step"])),
+            "uncommitted_rank_steps": int(len(ledger.uncommitted.get("step", ()))),
             "pieces": int(len(pieces["step"])),
             "tokens": int(pieces["length"].sum()),
         },
+        "membership": ledger.membership,
         "exactly_once": "not checked: infinite=True passes of each stream run on their own" if infinite else "checked",
         "problems": problems,
         "duplicates": duplicates,
@@ -104,7 +106,8 @@ def check(ledger: Ledger, manifests: dict[str, Any] | None = None) -> dict[str, 
 
 
 def _generation(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: r[k] for k in ("generations", "mode", "resumed_at_step", "world_size", "ranks", "time")}
+    return {k: r.get(k, "job") for k in ("generations", "mode", "resumed_at_step", "world_size", "ranks", "time",
+                                         "scope")}
 
 
 def _range(values: np.ndarray) -> list[int] | None:
@@ -117,7 +120,10 @@ def _step_problems(ledger: Ledger) -> list[str]:
     steps, out = ledger.steps, []
     step, rank = steps["step"], steps["rank"].astype(np.int64)
     for r in ledger.restarts:
-        early = step[np.isin(steps["generation"], r["generations"]) & (step < r["resumed_at_step"])]
+        mine = np.isin(steps["generation"], r["generations"])
+        if r.get("scope") == "participant":  # participants' restarts may share a number
+            mine &= np.isin(rank, r["ranks"])
+        early = step[mine & (step < r["resumed_at_step"])]
         if len(early):
             out.append(f"generation {_names(r)} resumed at step {r['resumed_at_step']} but recorded steps "
                        f"{int(early.min())}..{int(early.max())}")
@@ -136,12 +142,25 @@ def _step_problems(ledger: Ledger) -> list[str]:
 
 def _holes(ledger: Ledger) -> list[str]:
     """Steps inside each generation's effective range that some rank of it never recorded.
-    The tail of the last generation is exempt: a killed job's ranks stop where they stop."""
+    The tail of the last generation is exempt: a killed job's ranks stop where they stop.
+    Under a live membership, each step must hold as many participants as the history has live
+    there (the last step exempt); a participant's restart is checked on its own ranks only."""
     steps, out = ledger.steps, []
     gens = ledger.restarts
+    if ledger.membership and len(steps["step"]):
+        out += _live_holes(steps, ledger.membership)
     for i, h in enumerate(gens):
         mine = np.isin(steps["generation"], h["generations"])
         if not mine.any():
+            continue
+        if h.get("scope") == "participant":
+            mine &= np.isin(steps["rank"], h["ranks"])  # it stops where its participant leaves or dies
+            for r in h["ranks"]:
+                got = np.unique(steps["step"][mine & (steps["rank"] == r)])
+                if len(got) and len(got) < int(got[-1]) - h["resumed_at_step"] + 1:
+                    missing = np.setdiff1d(np.arange(h["resumed_at_step"], int(got[-1]) + 1), got)
+                    out.append(f"generation {_names(h)}, participant {r}: {len(missing)} step(s) not recorded "
+                               f"(first {int(missing[0])}, last {int(missing[-1])})")
             continue
         last_gen = i == len(gens) - 1
         for r in range(int(h["world_size"])):
@@ -155,6 +174,23 @@ def _holes(ledger: Ledger) -> list[str]:
                 out.append(f"generation {_names(h)}, rank {r}: {len(missing)} step(s) not recorded "
                            f"(first {int(missing[0])}, last {int(missing[-1])})")
     return out
+
+
+def _live_holes(steps: dict[str, np.ndarray], history: list) -> list[str]:
+    """Steps (the last one recorded aside) where fewer or more participants recorded than the
+    membership history has live."""
+    uniq = np.unique(np.stack([steps["step"].astype(np.int64), steps["rank"].astype(np.int64)], axis=1), axis=0)
+    first, last = int(uniq[0, 0]), int(uniq[-1, 0])
+    got = np.bincount(uniq[:, 0] - first, minlength=last - first + 1)
+    at = np.arange(first, last + 1)
+    starts = np.array([s for s, _ in history], np.int64)
+    live = np.array([n for _, n in history], np.int64)[np.searchsorted(starts, at, side="right") - 1]
+    bad = np.flatnonzero((got != live)[:-1])
+    if not len(bad):
+        return []
+    s = int(at[bad[0]])
+    return [f"{len(bad)} step(s) recorded by another number of participants than the membership history has "
+            f"live (first: step {s}, {int(got[bad[0]])} recorded, {int(live[bad[0]])} live)"]
 
 
 def _names(restart: dict[str, Any]) -> str:

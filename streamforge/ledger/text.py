@@ -26,10 +26,16 @@ def format_check(report: dict[str, Any], url: str) -> str:
     lines = [f"ledger {url}",
              f"  steps {_span(led['steps'])}: {led['rank_steps']:,} rank-steps, {led['pieces']:,} pieces, "
              f"{led['tokens']:,} tokens ({led['rolled_back_rank_steps']:,} rank-steps rolled back by restarts)"]
+    if led.get("uncommitted_rank_steps"):
+        lines.append(f"  {led['uncommitted_rank_steps']:,} rank-steps handed out but never committed (void)")
+    if report.get("membership"):
+        lines.append("  membership (from step: live participants): "
+                     + ", ".join(f"{s:,}: {n}" for s, n in report["membership"]))
     lines.append(f"  restarts: {len(led['restarts'])} (generation: how it started)")
     for g in led["restarts"]:
+        who = f"participant(s) {g['ranks']}" if g.get("scope") == "participant" else f"{g['world_size']} rank(s)"
         lines.append(f"    {'+'.join(map(str, g['generations']))}: {g['mode']} at step {g['resumed_at_step']:,}, "
-                     f"{g['world_size']} rank(s), {_when(g['time'])}")
+                     f"{who}, {_when(g['time'])}")
     lines.append("")
     if report["ok"]:
         if report["exactly_once"] == "checked":

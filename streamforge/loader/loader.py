@@ -332,9 +332,9 @@ class StreamingLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return membership.Membership.of(self).iterate(self)  # plain, until set_membership
 
-    def set_membership(self, step: int, participants: Any, rank: int | None = None) -> None:
+    def set_membership(self, step: int, participants: Any, rank: int | None = None, cursors=None) -> None:
         """From global ``step`` on, ``participants`` (their number, or them) are live: re-plans the pass there."""
-        membership.Membership.of(self).set(step, participants, rank)
+        membership.Membership.of(self).set(step, participants, rank, cursors)
 
     def _iterate(self) -> Iterator[dict[str, torch.Tensor]]:
         self.check_topology()

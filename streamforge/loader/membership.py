@@ -58,7 +58,14 @@ class Membership:
         return self.history is not None
 
     # -- changes ---------------------------------------------------------------------------
-    def set(self, step: int, participants: Any, rank: int | None = None) -> None:
+    def cursors(self) -> dict[str, Any]:
+        """This participant's cursors at the loader's next step: what a peer passes to
+        ``set_membership(..., cursors=)`` so as not to replay them (``{"step", "rank": its
+        position among the live, "workers": its worker states}``)."""
+        clock = self.loader.clock
+        return {"step": clock.step, "rank": self.rank, "workers": list(clock.worker_states)}
+
+    def set(self, step: int, participants: Any, rank: int | None = None, cursors: list | None = None) -> None:
         loader = self.loader
         if loader.evaluation or loader.infinite or loader.dataset.config.packing == "bestfit":
             raise ConfigError("set_membership: live membership re-plans a finite training pass in concat or pad "
@@ -80,7 +87,10 @@ class Membership:
             return
         self._stop()
         self.history, self.rank = history, rank
-        self._apply(step)
+        # the live participants' own cursors: only the departed are replayed
+        known = {int(c["rank"]): list(c["workers"]) for c in cursors or () if int(c["step"]) == step
+                 and c["rank"] is not None}
+        self._apply(step, known)
 
     def _rank_of(self, participants: Any, n: int, rank: int | None) -> int:
         if rank is None:
@@ -96,7 +106,7 @@ class Membership:
             raise ConfigError(f"set_membership: rank {rank} is not in 0..{n - 1} ({n} live participants)")
         return int(rank)
 
-    def _apply(self, step: int) -> None:
+    def _apply(self, step: int, known: dict | None = None) -> None:
         """The loader set to this participant's position at ``step`` of the segment holding it."""
         loader, clock = self.loader, self.loader.clock
         if clock.plan is not None and loader.pass_over():  # (a restored clock has no plan yet)
@@ -109,6 +119,8 @@ class Membership:
             self.planner = MembershipPlanner(self.base, workers_per_rank=loader.num_logical,
                                              batch_sizes=loader.batch_sizes, pass_idx=clock.pass_idx,
                                              first_step=clock.first_step, rest=rest)
+        if known:
+            self.planner.known[step] = known
         end = self.planner.segments(self.history, step)[-1].end
         if step >= end > self.planner.first_step:  # the pass ended before ``step``: the next one from its end
             clock.start(self.planner.pass_idx + 1, end)
@@ -125,6 +137,9 @@ class Membership:
         clock.pass_tokens = tokens
         self._before = None
         self._joining = False
+        if loader.ledger is not None:  # the history in its chunks; the segment's plan with the next step
+            loader.ledger.history = [list(e) for e in self.history]
+            loader.ledger.replan(self.planner.pass_idx)
 
     def _next_pass(self) -> None:
         """At a new pass: its plan over the participants live at its first step."""
@@ -194,7 +209,7 @@ class Membership:
                 steps.pop()
                 ledger._pieces.pop()
             elif steps is not None:  # already on storage: a generation from that step voids it
-                ledger.start_generation(clock.step, "membership")
+                ledger.start_generation(clock.step, "membership", scope="participant")  # its own steps only
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -154,7 +154,8 @@ class Checkpointer:
 
     def _ledger_restart(self) -> None:
         if self.loader.ledger is not None:
-            self.loader.ledger.start_generation(self.loader.step, self.loader.resume_report.mode)
+            report = self.loader.resume_report  # (none for a participant restored before it is live)
+            self.loader.ledger.start_generation(self.loader.step, "membership" if report is None else report.mode)
 
     def _refuse_state(self) -> None:
         if self.loader.evaluation:

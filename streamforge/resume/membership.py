@@ -178,6 +178,11 @@ class MembershipPlanner:
         self.first_step = first_step
         self.rest = rest
         self._segments: dict[tuple, Segment] = {}
+        # change step -> {position in the segment that ends there: its worker states at that
+        # step}: the live participants' real cursors, given at the change (``set_membership(...,
+        # cursors=)``); only the others are replayed. The replay gives the same states, so a
+        # participant that replays them all computes the same plan.
+        self.known: dict[int, dict[int, list]] = {}
 
     def plan_of(self, n: int, first_step: int, rest: PassRest | None) -> PassPlan:
         ds = member_dataset(self.dataset, 0, n)
@@ -202,7 +207,9 @@ class MembershipPlanner:
                 continue
             key = key + ((s, n),)
             if key not in self._segments:
-                states = [self.replay(seg, r, s - seg.first_step)[0] for r in range(seg.n)]
+                known = self.known.get(s, {})
+                states = [known[r] if r in known else self.replay(seg, r, s - seg.first_step)[0]
+                          for r in range(seg.n)]
                 work = work_left(self.dataset, self._global_state(seg, states))
                 self._segments[key] = Segment(s, n, PassRest(work=work), self.plan_of(n, s, PassRest(work=work)))
             seg = self._segments[key]

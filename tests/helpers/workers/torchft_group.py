@@ -2,7 +2,9 @@
 model on a StreamingLoader fed through FaultTolerantData, and logs every committed step's
 document pieces (one JSON line a step) for the test to account for every token.
 
-Args: corpus directory, group index, most groups, log path, lighthouse address."""
+Every group also keeps the data-order ledger in one shared folder (the test checks it).
+
+Args: corpus directory, group index, most groups, log path, lighthouse address, ledger folder."""
 
 import json
 import os
@@ -19,17 +21,17 @@ from streamforge import StreamingLoader
 from streamforge.integrations.torchft import FaultTolerantData
 
 
-def build(corpus, group, groups):
+def build(corpus, group, groups, ledger_dir=None):
     """The loader of every group (the test rebuilds it to read the final state)."""
     names = sorted(p.name for p in Path(corpus).iterdir())
     ds = dataset({n: (str(Path(corpus) / n), None) for n in names}, [0.6, 0.4], seq_len=32, shuffle_buffer=8,
                  provenance=True, rank=group, world_size=groups)
-    return StreamingLoader(ds, batch_size=1, num_workers=1)
+    return StreamingLoader(ds, batch_size=1, num_workers=1, ledger_dir=ledger_dir)
 
 
-def main(corpus, group, groups, log_path, lighthouse):
+def main(corpus, group, groups, log_path, lighthouse, ledger_dir):
     Path(f"{log_path}.pid").write_text(str(os.getpid()))  # the test kills this process by its pid
-    loader = build(corpus, group, groups)
+    loader = build(corpus, group, groups, ledger_dir)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(1000, 8), torch.nn.Linear(8, 1000))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -48,7 +50,7 @@ def main(corpus, group, groups, log_path, lighthouse):
             loss.backward()
             for p in model.parameters():
                 manager.allreduce(p.grad).wait()
-            if manager.should_commit():
+            if data.should_commit():  # the manager's, with the commit in the ledger
                 optimizer.step()
                 seg = batch["segments"].reshape(-1, 5)
                 log.write(json.dumps({"step": step, "group": group, "rank": manager.participating_rank(),
@@ -62,4 +64,4 @@ def main(corpus, group, groups, log_path, lighthouse):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
