@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.pipeline import assert_batches_equal, dataset, loader, make_corpus, random_docs, take, write_stream
+from helpers.pipeline import (assert_batches_equal, dataset, delivered_tokens, loader, make_corpus, random_docs, take,
+                              write_stream)
 from streamforge import AttentionCost, ConfigError, EvaluationDataset, Stream, StreamingLoader
 from streamforge.ledger.report import check
 from streamforge.ledger.store import read_ledger
@@ -28,19 +29,9 @@ def corpus(tmp_path_factory):
 
 
 def _coverage(batches):
-    """Delivered tokens per (stream, shard, record), checking no token comes twice."""
-    spans: dict[tuple, list] = {}
-    for b in batches:
-        seg = b["segments"].reshape(-1, 5).numpy()
-        for stream, shard, record, start, length in seg[seg[:, 0] >= 0].tolist():
-            spans.setdefault((stream, shard, record), []).append((start, start + length))
-    total = 0
-    for key, got in spans.items():
-        got.sort()
-        for (_, b0), (a1, _) in zip(got, got[1:]):
-            assert b0 <= a1, f"{key}: tokens from {a1} delivered twice"
-        total += sum(b - a for a, b in got)
-    return total
+    """Delivered tokens, checking no token comes twice."""
+    rows = (b["segments"].reshape(-1, 5).numpy() for b in batches)
+    return delivered_tokens(piece for seg in rows for piece in seg[seg[:, 0] >= 0].tolist())
 
 
 # -- the layout --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.pipeline import random_docs, write_stream
+from helpers.pipeline import delivered_tokens, random_docs, write_stream
 from helpers.torchrun import torchrun
 from streamforge import Manifest
 
@@ -75,15 +75,7 @@ def _total_tokens(urls: list[str]) -> int:
 
 def _delivered(pieces: list[list[int]]) -> int:
     """Tokens the pieces hold, asserting that none is delivered twice."""
-    spans: dict[tuple, list] = {}
-    for stream, shard, record, start, length in pieces:
-        spans.setdefault((stream, shard, record), []).append((start, start + length))
-    total = 0
-    for key, got in spans.items():
-        got.sort()
-        assert all(b0 <= a1 for (_, b0), (a1, _) in zip(got, got[1:])), f"{key} delivered twice"
-        total += sum(b - a for a, b in got)
-    return total
+    return delivered_tokens(pieces)
 
 
 def test_replicas_share_batches_and_the_dp_ranks_cover_the_pass_once(job):

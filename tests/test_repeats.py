@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from helpers.pipeline import assert_batches_equal, make_corpus
+from helpers.pipeline import assert_batches_equal, delivered_spans, make_corpus
 from streamforge import (
     ConfigError, EvaluationDataset, MixtureWarning, PackedTokenDataset, ResumeMismatchError, Stream, StreamingLoader,
     merge_states, unpack_state,
@@ -74,15 +74,7 @@ def _small_tokens(corpus):
 
 def _coverage(pieces):
     """(stream, shard, record) -> delivered token intervals; asserts none overlaps."""
-    seen = collections.defaultdict(list)
-    for block in pieces:
-        for stream, shard, record, start, length in block.tolist():
-            seen[stream, shard, record].append((start, start + length))
-    for key, spans in seen.items():
-        spans.sort()
-        for (a0, b0), (a1, _) in zip(spans, spans[1:]):
-            assert b0 <= a1, f"{key}: tokens from {a1} delivered twice in one reading"
-    return seen
+    return delivered_spans(row for block in pieces for row in block.tolist())
 
 
 # -- configuration ------------------------------------------------------------------------------

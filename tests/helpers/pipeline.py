@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import torch
 
@@ -63,3 +65,21 @@ def assert_batches_equal(got, want):
 def loader(ds, **kwargs):
     kwargs.setdefault("batch_size", 2)
     return StreamingLoader(ds, **kwargs)
+
+
+def delivered_spans(pieces) -> dict[tuple, list[tuple[int, int]]]:
+    """``(stream, shard, record) -> [(start, stop), ...]`` (sorted) of ``pieces``, rows of
+    ``(stream, shard, record, token_start, length)``; asserts that no token comes twice."""
+    seen: dict[tuple, list] = collections.defaultdict(list)
+    for stream, shard, record, start, length in pieces:
+        seen[stream, shard, record].append((start, start + length))
+    for key, spans in seen.items():
+        spans.sort()
+        for (_, b0), (a1, _) in zip(spans, spans[1:]):
+            assert b0 <= a1, f"{key}: tokens {a1}..{b0} delivered twice"
+    return seen
+
+
+def delivered_tokens(pieces) -> int:
+    """Tokens ``pieces`` deliver (``delivered_spans``: none twice)."""
+    return sum(b - a for spans in delivered_spans(pieces).values() for a, b in spans)
