@@ -43,7 +43,14 @@ def test_throttle_is_told_from_other_faults():
     assert not is_throttle(error_for_status(500, "s3://b/k: HTTP 500 InternalError"))
 
 
-def test_throttling_backs_off_with_decorrelated_jitter_apart_from_attempts():
+def test_throttling_backs_off_with_decorrelated_jitter_apart_from_attempts(monkeypatch):
+    import random
+
+    import streamforge.storage.retry as retry_module
+
+    # seeded draws: the "growing" check below is about one run's draws (unseeded, CI once drew
+    # 12 waits that all stayed under 0.29 s)
+    monkeypatch.setattr(retry_module, "random", random.Random(7))
     waits = []
     policy = RetryPolicy(attempts=2, backoff_base=0.1, backoff_max=2.0, throttle_wait=30.0)
     retrier = Retrier(policy, waits.append)
