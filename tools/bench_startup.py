@@ -68,7 +68,8 @@ def write_corpus(s3: LoopbackS3, bucket: str, seed: int = 0) -> list[str]:
 def classify(log, manifests: dict[str, Manifest], mark: int) -> dict:
     """Requests and response bytes before ``mark``, sorted into manifests, record indexes and
     data; with the distinct shards whose data was read."""
-    out = {"manifest": [0, 0], "index": [0, 0], "data": [0, 0], "other": [0, 0], "shards_read": set()}
+    out = {"manifest": [0, 0], "index": [0, 0], "data": [0, 0], "other": [0, 0], "shards_read": set(),
+           "index_shards": set()}
     for method, path, range_, nbytes, _status in log[:mark]:
         parts = path.split("?")[0].strip("/").split("/")
         kind = "other"
@@ -79,8 +80,7 @@ def classify(log, manifests: dict[str, Manifest], mark: int) -> dict:
             shard = int(re.findall(r"\d+", parts[-1])[0])
             start = int(re.match(r"bytes=(\d+)", range_).group(1)) if range_ else 0
             kind = "index" if start >= int(m.columns["index_offset"][shard]) else "data"
-            if kind == "data":
-                out["shards_read"].add((parts[-2], shard))
+            out["shards_read" if kind == "data" else "index_shards"].add((parts[-2], shard))
         out[kind][0] += 1
         out[kind][1] += nbytes
     return out
@@ -112,11 +112,18 @@ def run_job(s3: LoopbackS3, urls: list[str], ranks: int, *, workers: int = 0, al
         for p in proxies:
             p.stop()
     per_rank = []
+    names = [u.rsplit("/", 1)[1] for u in urls]
     for r, (res, proxy) in enumerate(zip(results, proxies)):
         counts = classify(proxy.log, manifests, res["mark"])
+        own = {name: set(shards) for name, shards in zip(names, res["own_shards"])}
         per_rank.append({"rank": r, "seconds": res["seconds"], "steps": res["steps"],
                          **{k: counts[k] for k in ("manifest", "index", "data", "other")},
-                         "shards_read": len(counts["shards_read"])})
+                         "shards_read": len(counts["shards_read"]),
+                         # record indexes read of shards outside this rank's own ranges (the
+                         # shards its own cuts fall in, at most one a stream)
+                         "foreign_indexes": len({(u, s) for u, s in counts["index_shards"]
+                                                 if s not in own.get(u, ())}),
+                         "index_shards": len(counts["index_shards"])})
     return {"ranks": ranks, "workers": workers, "alone": alone, "per_rank": per_rank, "prefetch_bytes": prefetch_bytes,
             "shards": {k: m.num_shards for k, m in manifests.items()},
             "steps_agree": len({r["steps"] for r in per_rank}) == 1}

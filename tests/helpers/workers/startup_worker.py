@@ -41,8 +41,12 @@ def main(config: Path, out: Path) -> None:
     with urllib.request.urlopen(endpoint + "/__proxy__/mark", timeout=30) as response:
         mark = int(response.read())
     plan = loader.plan()
+    mine = range(rank * plan.workers_per_rank, (rank + 1) * plan.workers_per_rank)
+    # per stream, the shards this rank's ranges hold: the only record indexes it needs, but for
+    # the shard each of its own cuts falls in
+    own = [sorted({r[0] for g in mine for r in ranges[g] if r[2] > r[1]}) for ranges in plan.ranges]
     result = {"rank": rank, "seconds": seconds, "mark": mark, "steps": plan.steps, "tokens": plan.tokens,
-              "first_ids": batch["input_ids"][0, :8].tolist()}
+              "first_ids": batch["input_ids"][0, :8].tolist(), "own_shards": own}
     (out / f"rank-{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     it.close()
