@@ -14,8 +14,15 @@ export DEBIAN_FRONTEND := noninteractive
 
 .PHONY: test test-torchtitan demo venv venv-test venv-bench zstd-cli ext clean
 
+# torchtitan's venv is set up in the background while the main suite runs (pip waits mostly on
+# downloads); its log is printed where the setup fails. (SUBMAKE: a recipe line naming $(MAKE)
+# itself would run under `make -n` too.)
+SUBMAKE = $(MAKE)
 test: venv-test zstd-cli ext
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@( $(SUBMAKE) --no-print-directory $(TT_VENV)/.installed > $(TT_VENV).log 2>&1; echo $$? > $(TT_VENV).rc ) & \
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; wait; \
+	if [ "$$(cat $(TT_VENV).rc)" != 0 ]; then echo "setting up $(TT_VENV) failed:"; cat $(TT_VENV).log; exit 1; fi; \
+	[ $$rc = 0 ] || exit $$rc
 	$(MAKE) test-torchtitan
 
 demo: venv
