@@ -99,6 +99,7 @@ class BalancedPacker:
         self.truncated_tokens = 0
         self._start: Any = None  # the interleaver's state at the window start
         self._flat: np.ndarray | None = None  # the window's tokens, as taken (and one look-ahead)
+        self._buffer: np.ndarray | None = None  # where windows' tokens are taken to, reused
         self._rows = 0  # rows in the window
         self._src: np.ndarray | None = None  # per part: its first token in _flat
         self._at: np.ndarray | None = None  # per part and one more: its place in the window's rows (tokens before it)
@@ -169,14 +170,19 @@ class BalancedPacker:
         self._emitted = 0
         T = self.seq_len
         need = self.window_rows * T
-        flat = np.empty(need + 1, self.dtype)
+        # the window's tokens go where the last window's were (nothing handed out refers to them)
+        if self._buffer is None or len(self._buffer) != need + 1:
+            self._buffer = np.empty(need + 1, self.dtype)
+        flat = self._buffer
+        grid = flat.reshape(1, -1) if core.ext is not None else None  # fill_rows' [1, need + 1] grid
         runs, filled = [], 0
         while filled < need:
             got = self.source.take_run(need - filled)
             if got is None:
                 break
             stream, run = got
-            run.copy_into(flat[filled : filled + run.size])
+            if grid is None or core.ext.fill_rows(run.parts, grid, filled) is None:
+                run.copy_into(flat[filled : filled + run.size])
             run.parts = None
             runs.append((filled, stream, run))
             filled += run.size
