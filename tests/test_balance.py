@@ -18,7 +18,7 @@ from streamforge.ledger.report import check
 from streamforge.ledger.store import read_ledger
 from streamforge.pipeline import core
 from streamforge.pipeline.cost import piece_row_costs
-from streamforge.stages.layout_balance import balance_target, lay_out
+from streamforge.stages.layout_balance import _cap_for, balance_target, lay_out
 
 WEIGHTS = [0.5, 0.3, 0.2]
 
@@ -70,6 +70,27 @@ def test_the_compiled_layout_is_the_numpy_one(lengths, seq_len, density, seed, i
         core.ext = saved
     for key in want:
         assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key
+
+
+@pytest.mark.skipif(core.ext is None, reason="the compiled core is not built, or STREAMFORGE_NO_EXT is set")
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 40_000), min_size=1, max_size=150), st.integers(1, 8192), st.floats(0.5, 9000.0),
+       st.integers(0, 2**32 - 1))
+def test_the_compiled_cap_is_the_numpy_one(lengths, hi, density, seed):
+    """The compiled core's cap (pipeline/_layout.c bisects the grids that numpy scans) is
+    numpy's, on any lengths, cap bound and density."""
+    x = np.array(lengths, np.int64)
+    x[np.random.default_rng(seed).random(len(x)) < 0.3] //= 50
+    if x.sum() == 0:
+        x[0] = 1
+    got = _cap_for(x, density, hi)
+    saved = core.ext
+    core.ext = None
+    try:
+        want = _cap_for(x, density, hi)
+    finally:
+        core.ext = saved
+    assert got == want
 
 
 def test_the_target_is_a_function_of_the_lengths():

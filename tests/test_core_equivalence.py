@@ -163,6 +163,46 @@ def test_fill_rows_leaves_parts_of_another_dtype_to_numpy():
         assert (grid == 0).all()
 
 
+@needs_core
+@settings(max_examples=100, deadline=None)
+@given(rows=st.integers(1, 4), seq_len=st.integers(1, 30), dtype=st.sampled_from(["<u2", "<u4"]),
+       spans=st.lists(st.tuples(st.integers(0, 80), st.integers(0, 40)), max_size=6), offset=st.integers(0, 120),
+       seed=st.integers(0, 1000))
+def test_fill_parts_writes_the_spans_into_the_rows(rows, seq_len, dtype, spans, offset, seed):
+    rng = np.random.default_rng(seed)
+    offset = min(offset, rows * seq_len)
+    source = rng.integers(0, 60000, 100).astype(dtype)
+    starts = np.array([a for a, _ in spans], np.int64)
+    lengths = np.array([n for _, n in spans], np.int64)
+    grid = np.full((rows, seq_len + 1), 9, dtype)
+    want = grid.copy()
+    if (starts + lengths > len(source)).any():
+        with pytest.raises(ValueError, match="outside"):
+            COMPILED.fill_parts(source, starts, lengths, grid, offset)
+        assert (grid == 9).all()
+        return
+    total = int(lengths.sum())
+    if offset + total > rows * seq_len:
+        with pytest.raises(ValueError, match="run past"):
+            COMPILED.fill_parts(source, starts, lengths, grid, offset)
+        assert (grid == 9).all()
+        return
+    flat = want[:, :seq_len].reshape(-1)  # a copy: written back below
+    flat[offset : offset + total] = np.concatenate([source[a : a + n] for a, n in spans]) if spans else []
+    want[:, :seq_len] = flat.reshape(rows, seq_len)
+    assert COMPILED.fill_parts(source, starts, lengths, grid, offset) == total
+    assert np.array_equal(grid, want)
+
+
+@needs_core
+def test_fill_parts_leaves_a_source_of_another_dtype_to_numpy():
+    grid = np.zeros((2, 5), np.uint16)
+    starts, lengths = np.array([0, 1]), np.array([1, 2])
+    for source in (np.ones(6, np.uint32), np.ones(12, np.uint16)[::2]):
+        assert COMPILED.fill_parts(source, starts, lengths, grid, 0) is None
+        assert (grid == 0).all()
+
+
 # -- whole passes -------------------------------------------------------------------------------
 
 def _pass(make_loader, ext):

@@ -20,6 +20,13 @@
  *       written nothing, where a part's dtype differs from the grid's or a part is not a
  *       contiguous 1-D array. ValueError where the parts run past the grid.
  *
+ *   fill_parts(source, starts, lengths, tokens, offset) -> int or None
+ *       As ``fill_rows`` with the parts given as spans of one 1-D array: ``source[starts[k]
+ *       : starts[k] + lengths[k]]`` for each k, laid end to end (the balanced packer's
+ *       window, whose parts are spans of the tokens it took). None, having written nothing,
+ *       where ``source`` is not a contiguous 1-D array of the grid's dtype; ValueError where
+ *       a span lies outside ``source`` or the parts run past the grid.
+ *
  *   balance_layout(lengths, cap, T, small, alone, round) -> bytearray or None
  *       The balanced layout's dealing of a window's pieces into rows (in _layout.c).
  *
@@ -416,6 +423,90 @@ release:
     return result;
 }
 
+static PyObject *core_fill_parts(PyObject *self, PyObject *args)
+{
+    PyObject *o_source, *o_starts, *o_lengths, *o_tokens, *result = NULL;
+    Py_ssize_t offset, rows, T, itemsize, row_stride, k, nparts, at, size;
+    Arr tokens = {0}, source = {0}, starts = {0}, lengths = {0};
+    int ok;
+
+    if (!PyArg_ParseTuple(args, "OOOOn:fill_parts", &o_source, &o_starts, &o_lengths, &o_tokens, &offset))
+        return NULL;
+    if ((ok = arr_get(o_tokens, &tokens, 2, 1)) <= 0) {
+        if (ok == 0)
+            PyErr_SetString(PyExc_TypeError, "fill_parts: tokens must be a writable 2-D array of integers");
+        goto done;
+    }
+    if ((ok = arr_get(o_starts, &starts, 1, 0)) <= 0 || (ok = arr_get(o_lengths, &lengths, 1, 0)) <= 0) {
+        if (ok == 0)
+            PyErr_SetString(PyExc_TypeError, "fill_parts: starts and lengths must be 1-D arrays of integers");
+        goto done;
+    }
+    rows = tokens.view.shape[0];
+    T = tokens.view.shape[1] - 1;
+    itemsize = tokens.size;
+    row_stride = tokens.view.strides[0];
+    nparts = starts.view.shape[0];
+    if (T < 1 || tokens.view.strides[1] != itemsize || offset < 0 || offset > rows * T
+        || lengths.view.shape[0] != nparts) {
+        PyErr_SetString(PyExc_ValueError, "fill_parts: tokens must be [R, T+1] with rows of adjacent items, offset "
+                                          "inside them, and starts and lengths of one size");
+        goto done;
+    }
+    if ((ok = arr_get(o_source, &source, 1, 0)) < 0)
+        goto done;
+    if (ok == 0 || source.size != itemsize || source.kind != tokens.kind || source.view.strides[0] != itemsize) {
+        PyErr_Clear();
+        result = Py_None;
+        goto done;
+    }
+    size = source.view.shape[0];
+    at = offset;
+    for (k = 0; k < nparts; k++) {
+        int64_t a = arr_at(&starts, k), n = arr_at(&lengths, k);
+        if (a < 0 || n < 0 || a > size || n > size - a) {
+            PyErr_Format(PyExc_ValueError, "fill_parts: part %zd (%lld tokens from %lld) lies outside the %zd "
+                         "tokens of source", k, (long long)n, (long long)a, size);
+            goto done;
+        }
+        at += (Py_ssize_t)n;
+    }
+    if (at > rows * T) {
+        PyErr_Format(PyExc_ValueError, "fill_parts: %zd tokens from position %zd run past the %zd of the grid",
+                     at - offset, offset, rows * T);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    {
+        char *grid = tokens.view.buf;
+        const char *base = source.view.buf;
+        at = offset;
+        for (k = 0; k < nparts; k++) {
+            const char *src = base + arr_at(&starts, k) * itemsize;
+            Py_ssize_t left = (Py_ssize_t)arr_at(&lengths, k);
+            while (left > 0) {  /* cut at row ends */
+                Py_ssize_t row = at / T, col = at % T, n = T - col < left ? T - col : left;
+                memcpy(grid + row * row_stride + col * itemsize, src, n * itemsize);
+                src += n * itemsize;
+                left -= n;
+                at += n;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(at - offset);
+    goto release;
+
+done:
+    Py_XINCREF(result);
+release:
+    arr_release(&source);
+    arr_release(&starts);
+    arr_release(&lengths);
+    arr_release(&tokens);
+    return result;
+}
+
 PyObject *core_balance_layout(PyObject *self, PyObject *args); /* _layout.c */
 PyObject *core_balance_cap(PyObject *self, PyObject *args);    /* _layout.c */
 
@@ -428,6 +519,10 @@ static PyMethodDef core_methods[] = {
      "fill_rows(parts, tokens, offset) -> int | None\n\nWrite the parts, end to end, into the [R, T+1] grid "
      "from flat position offset of its first T columns; the tokens written, or None (nothing written) "
      "where a part is not a contiguous 1-D array of the grid's dtype."},
+    {"fill_parts", core_fill_parts, METH_VARARGS,
+     "fill_parts(source, starts, lengths, tokens, offset) -> int | None\n\nAs fill_rows, the parts being the spans "
+     "source[starts[k]:starts[k] + lengths[k]]; None (nothing written) where source is not a contiguous 1-D "
+     "array of the grid's dtype."},
     {"balance_layout", core_balance_layout, METH_VARARGS,
      "balance_layout(lengths, cap, T, small, alone, round) -> bytearray | None\n\nThe balanced layout's parts "
      "(row, piece, offset, length; 4*P int64 items) of a window's piece lengths cut at cap; None where lengths "

@@ -345,9 +345,12 @@ static int64_t squares(const int64_t *x, Py_ssize_t n, int64_t cap)
     int64_t sum = 0;
     Py_ssize_t i;
     for (i = 0; i < n; i++) {
-        int64_t L = x[i], k = (L + cap - 1) / cap, base, extra;
-        if (k < 1)
-            k = 1;
+        int64_t L = x[i], k, base, extra;
+        if (L <= cap) { /* one part: no division */
+            sum += L * L;
+            continue;
+        }
+        k = (L + cap - 1) / cap;
         base = L / k;
         extra = L % k;
         sum += extra * (base + 1) * (base + 1) + (k - extra) * base * base;
@@ -375,9 +378,18 @@ static int64_t cap_for(const int64_t *x, Py_ssize_t n, double density, int64_t h
             if (m == 0 || c != caps[m - 1])
                 caps[m++] = c;
         }
-        for (i = 0; i < m; i++) /* the density grows with the cap: the first that reaches it */
-            if ((double)squares(x, n, caps[i]) / (double)total >= density)
-                break;
+        { /* the density grows with the cap (a piece's squares only grow as its parts get fewer):
+           * the first cap that reaches it, by bisection, as numpy's searchsorted on the grid */
+            Py_ssize_t a = 0, b = m;
+            while (a < b) {
+                Py_ssize_t c = a + (b - a) / 2;
+                if ((double)squares(x, n, caps[c]) / (double)total >= density)
+                    b = c;
+                else
+                    a = c + 1;
+            }
+            i = a;
+        }
         if (i == m)
             return hi;
         lo = caps[i > 0 ? i - 1 : 0];

@@ -99,12 +99,13 @@ class BalancedPacker:
         self.truncated_tokens = 0
         self._start: Any = None  # the interleaver's state at the window start
         self._flat: np.ndarray | None = None  # the window's tokens, as taken (and one look-ahead)
+        self._buffer: np.ndarray | None = None  # where windows' tokens are taken to, reused
         self._rows = 0  # rows in the window
-        self._copy: tuple = ()  # per part: row, position in it, position in _flat, length
-        self._views: list = []  # per part: its tokens in _flat
+        self._src: np.ndarray | None = None  # per part: its first token in _flat
+        self._at: np.ndarray | None = None  # per part and one more: its place in the window's rows (tokens before it)
+        self._cols: tuple = ()  # per part: length, stream, shard, record, token_start, continues
         self._next: np.ndarray | None = None  # each row's look-ahead token (pad_id where none)
         self._lookahead: np.ndarray | None = None
-        self._parts: dict[str, np.ndarray] | None = None
         self._row_parts: np.ndarray | None = None  # where each row's parts begin
         self._emitted = 0
         self._end: Any = None  # the interleaver's state at the window end
@@ -124,7 +125,8 @@ class BalancedPacker:
         else:  # every token written below, padding where none is
             tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
         lookahead = np.zeros(num_rows, bool)
-        pieces: list[dict[str, np.ndarray]] = []
+        starts: list[np.ndarray] = []
+        cols: list[list[np.ndarray]] = []
         count = written = 0
         while count < num_rows:
             if self._flat is None or self._emitted == self._rows:
@@ -133,17 +135,18 @@ class BalancedPacker:
             k = min(num_rows - count, self._rows - self._emitted)
             a, b = self._emitted, self._emitted + k
             lo, hi = int(self._row_parts[a]), int(self._row_parts[b])
-            flat, shift = self._flat, count - a
+            at, length = self._at, self._cols[0]
             # a window's parts, in row order, lie end to end in its rows (every row full but a short last one)
-            if ext is None or ext.fill_rows(self._views[lo:hi], tokens, count * T) is None:
-                for r, pos, src, n in zip(*(x[lo:hi].tolist() for x in self._copy)):
-                    tokens[r + shift, pos : pos + n] = flat[src : src + n]
-            written = count * T + int(self._copy[3][lo:hi].sum())
+            if ext is None or ext.fill_parts(self._flat, self._src[lo:hi], length[lo:hi], tokens, count * T) is None:
+                flat, shift = self._flat, count * T - a * T
+                for src, place, n in zip(self._src[lo:hi].tolist(), at[lo:hi].tolist(), length[lo:hi].tolist()):
+                    r, pos = divmod(place + shift, T)
+                    tokens[r, pos : pos + n] = flat[src : src + n]
+            written = count * T + int(at[hi] - at[lo])
             tokens[count : count + k, T] = self._next[a:b]
             lookahead[count : count + k] = self._lookahead[a:b]
-            part = {name: values[lo:hi] for name, values in self._parts.items()}
-            part["start"] = part["start"] + shift * T
-            pieces.append(part)
+            starts.append(at[lo:hi] + (count - a) * T)
+            cols.append([c[lo:hi] for c in self._cols])
             self._emitted = b
             count += k
         if ext is not None and written < num_rows * T:  # padding after the last token written
@@ -151,8 +154,13 @@ class BalancedPacker:
             tokens[written // T + 1 :] = self.pad_id
         if count == 0:
             return None
-        joined = {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
-        return RowBatch(tokens=tokens[:count], lookahead=lookahead[:count], **joined)
+        if len(starts) == 1:  # the usual case: one window's rows
+            start, fields = starts[0], cols[0]
+        else:
+            start, fields = np.concatenate(starts), [np.concatenate(c) for c in zip(*cols)]
+        length, stream, shard, record, token_start, continues = fields
+        return RowBatch(tokens=tokens[:count], lookahead=lookahead[:count], start=start, length=length,
+                        stream=stream, shard=shard, record=record, token_start=token_start, continues=continues)
 
     # -- the window ------------------------------------------------------------------------
     def _build_window(self) -> bool:
@@ -162,14 +170,19 @@ class BalancedPacker:
         self._emitted = 0
         T = self.seq_len
         need = self.window_rows * T
-        flat = np.empty(need + 1, self.dtype)
+        # the window's tokens go where the last window's were (nothing handed out refers to them)
+        if self._buffer is None or len(self._buffer) != need + 1:
+            self._buffer = np.empty(need + 1, self.dtype)
+        flat = self._buffer
+        grid = flat.reshape(1, -1) if core.ext is not None else None  # fill_rows' [1, need + 1] grid
         runs, filled = [], 0
         while filled < need:
             got = self.source.take_run(need - filled)
             if got is None:
                 break
             stream, run = got
-            run.copy_into(flat[filled : filled + run.size])
+            if grid is None or core.ext.fill_rows(run.parts, grid, filled) is None:
+                run.copy_into(flat[filled : filled + run.size])
             run.parts = None
             runs.append((filled, stream, run))
             filled += run.size
@@ -191,16 +204,16 @@ class BalancedPacker:
         lay = lay_out(pieces["length"], T, self.target, in_row_order=True)
         row, piece, length, within = lay["row"], lay["piece"], lay["length"], lay["offset"]
         nrows = int(row[-1]) + 1
-        pos = np.cumsum(length) - length
         row_first = np.searchsorted(row, np.arange(nrows + 1))
-        pos -= np.repeat(pos[row_first[:-1]], np.diff(row_first))
+        # every row is full but a short last one: a part's place in the rows is the tokens before it
+        at = np.zeros(len(row) + 1, np.int64)
+        np.cumsum(length, out=at[1:])
         src = pieces["start"][piece] + within
-        # a row's last part that stops inside its piece: the next token is the look-ahead
+        # a row's last part that stops inside its piece, or at the window's end inside its
+        # document (the next token peeked): the next token is the look-ahead
         last = row_first[1:] - 1
-        end = within[last] + length[last]
-        inside = end < pieces["length"][piece[last]]
-        at_window_end = ~inside & pieces["continues"][piece[last]] & peeked
-        lookahead = inside | at_window_end
+        whose = piece[last]
+        lookahead = (within[last] + length[last] < pieces["length"][whose]) | (pieces["continues"][whose] & peeked)
         self._next = np.where(lookahead, flat[src[last] + length[last]], self.pad_id).astype(self.dtype)
         continues = np.zeros(len(row), bool)
         continues[last[lookahead]] = True
@@ -210,14 +223,9 @@ class BalancedPacker:
             self._next[-1] = self.pad_id
             continues[last[-1]] = False
         self._flat, self._rows, self._lookahead = flat, nrows, lookahead
-        self._row_parts = row_first
-        self._copy = (row, pos, src, length)
-        self._views = [flat[a : a + n] for a, n in zip(src.tolist(), length.tolist())]  # for fill_rows
-        self._parts = {
-            "start": row * T + pos, "length": length, "stream": pieces["stream"][piece],
-            "shard": pieces["shard"][piece], "record": pieces["record"][piece],
-            "token_start": pieces["token_start"][piece] + within, "continues": continues,
-        }
+        self._row_parts, self._src, self._at = row_first, src, at
+        self._cols = (length, pieces["stream"][piece], pieces["shard"][piece], pieces["record"][piece],
+                      pieces["token_start"][piece] + within, continues)
 
     # -- stage contract --------------------------------------------------------------------
     def __iter__(self) -> BalancedPacker:
