@@ -46,6 +46,7 @@ of a resumed job rebuilds the same plan.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Sequence
 
 import numpy as np
@@ -238,9 +239,12 @@ def _deal(dataset, stream: int, ranges: list[Range], units: list[dict], n: int, 
     parts, windows = [], []
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
         mine = []
-        for j, unit in enumerate(units):
+        for j in range(bisect.bisect_right(first, lo) - 1, bisect.bisect_left(first, hi)):  # the rests it overlaps
+            if not 0 <= j < len(units):
+                continue
             a, b = max(lo, first[j]) - first[j], min(hi, first[j + 1]) - first[j]
             if a < b:
+                unit = units[j]
                 mine.append(dict(unit) if j not in docs_of else rest_piece(unit, docs_of[j], a, b))
         windows.append(mine)
         parts.append(_records(ranges, starts, max(lo - first[-1], 0), max(hi - first[-1], 0)))

@@ -92,16 +92,23 @@ def rest_tokens(source, ranges, key: int, pos: int, stop: int | None, offset: in
     order: documents ``pos..stop`` of the window's order (to its end without ``stop``), the
     first less the ``offset`` tokens of it already handed out. ``source`` is the stream's
     shards as the window reads them (through its trims, where it has some)."""
+    return _rest(source, ranges, key, pos, stop, offset, eos)[0]
+
+
+def _rest(source, ranges, key: int, pos: int, stop: int | None, offset: int, eos: bool) -> tuple:
+    """``rest_tokens``, with the documents' shards and records and whether an EOS follows each."""
     shard, record, lengths, order = window_order(source, ranges, key)
     order = order[pos:stop]
+    shard, record = shard[order], record[order]
     out = lengths[order].astype(np.int64)
-    if eos and hasattr(source, "pieces"):  # a piece a cut ends before its document does has no EOS
-        out = out + source.pieces(shard[order], record[order])[1]
-    elif eos:
-        out = out + 1
+    ends = np.ones(len(order), bool)
+    if hasattr(source, "pieces"):  # a piece a cut ends before its document does has no EOS
+        ends = source.pieces(shard, record)[1]
+    if eos:
+        out = out + ends
     if len(out):
         out[0] -= offset
-    return out
+    return out, shard, record, ends & eos
 
 
 class RestDocs(NamedTuple):
@@ -117,15 +124,15 @@ class RestDocs(NamedTuple):
     eos: np.ndarray
 
 
-def rest_docs(dataset, stream: int, unit: dict) -> RestDocs:
+def rest_docs(dataset, stream: int, unit: dict, full: bool = True) -> RestDocs:
     """The documents of a window's rest ``unit`` of stream ``stream`` (its shard indexes
-    through its own trims: ``rest_tokens``); ``ResumeMismatchError`` where they do not hold the
-    rest's saved documents."""
+    through its own trims: ``rest_tokens``; ``full`` False: their tokens only, the rest
+    None); ``ResumeMismatchError`` where they do not hold the rest's saved documents."""
     trims = {(int(s), int(r)): (int(lo), int(hi)) for s, r, lo, hi in unit.get("trims", ())}
     source = cut_view(dataset._index_source(stream), trims)
     stop, pos, offset = unit.get("stop"), int(unit["pos"]), int(unit["offset"])
-    tokens = rest_tokens(source, unit["ranges"], int(unit["key"]), pos, None if stop is None else int(stop), offset,
-                         bool(dataset.eos_appended[stream]))
+    tokens, shard, record, eos = _rest(source, unit["ranges"], int(unit["key"]), pos,
+                                       None if stop is None else int(stop), offset, bool(dataset.eos_appended[stream]))
     where = (f"loader state: stream {dataset.planner.names[stream]!r}: a saved window's rest "
              f"(ranges {unit['ranges']}, key {unit['key']}, pos {pos})")
     if len(tokens) != int(unit["docs"]):
@@ -134,20 +141,20 @@ def rest_docs(dataset, stream: int, unit: dict) -> RestDocs:
     if len(tokens) and tokens[0] <= 0:
         raise ResumeMismatchError(f"{where}: offset {offset} is not inside its first document "
                                   f"({int(tokens[0]) + offset} tokens)")
-    shard, record, _, order = window_order(source, unit["ranges"], int(unit["key"]))
-    shard, record = shard[order][pos:stop], record[order][pos:stop]
-    base, ends = source.pieces(shard, record) if hasattr(source, "pieces") else (np.zeros(len(shard), np.int64),
-                                                                                 np.ones(len(shard), bool))
-    start = base.astype(np.int64)
+    if not full:
+        return RestDocs(tokens, None, None, None, None, None)
+    start, hi = np.zeros(len(tokens), np.int64), np.zeros(len(tokens), np.int64)
+    for (s, r), (lo, end) in trims.items():
+        at = np.flatnonzero((shard == s) & (record == r))
+        start[at], hi[at] = lo, end
     if len(start):
         start[0] += offset
-    hi = np.array([trims.get((int(s), int(r)), (0, 0))[1] for s, r in zip(shard.tolist(), record.tolist())], np.int64)
-    return RestDocs(tokens, shard, record, start, hi, ends & bool(dataset.eos_appended[stream]))
+    return RestDocs(tokens, shard, record, start, hi, eos)
 
 
 def unit_doc_tokens(dataset, stream: int, unit: dict) -> np.ndarray:
     """The tokens of each document a window's rest holds, in its emission order (``rest_docs``)."""
-    return rest_docs(dataset, stream, unit).tokens
+    return rest_docs(dataset, stream, unit, full=False).tokens
 
 
 def doc_part(docs: RestDocs, d: int, t0: int, t1: int) -> dict:
