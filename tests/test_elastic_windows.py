@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers.pipeline import dataset, delivered_spans, make_corpus
-from streamforge import StreamingLoader, merge_states
+from streamforge import StreamingLoader, merge_states, unpack_state
 
 SMALL = (("web", 60, 40), ("code", 20, 120))  # 80 documents
 
@@ -146,3 +146,30 @@ def test_pieces_of_a_window_rest_resume_exactly_and_again_elastically(corpus):
     _, docs = _missing(corpus, pieces, "pad")
     plan = third[0].plan()
     assert plan.steps > 0 and 0 <= docs <= plan.num_global_workers * plan.batch_size
+
+
+def test_parts_of_documents_dealt_by_token_cuts_resume_again(corpus):
+    kwargs = {"cuts": "tokens"}
+    first = _loaders(corpus, 1, **kwargs)
+    pieces = _run(first, 110)
+    state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in first])))
+    second = _loaders(corpus, 2, **kwargs)
+    for ld in second:
+        ld.load_state_dict(state)
+    windows = [u for stream in second[0].plan().windows for worker in stream for u in worker]
+    assert any("trims" in u for u in windows)  # a document's parts on both workers
+    pieces += _run(second, 115)
+    state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in second])))
+    want = _run(second)
+    again = _loaders(corpus, 2, **kwargs)
+    for ld in again:
+        ld.load_state_dict(state, strict=True)
+    assert _run(again) == want
+    third = _loaders(corpus, 3, **kwargs)
+    for ld in third:
+        ld.load_state_dict(state)
+        assert ld.resume_report.mode == "elastic" and ld.step == 115
+    pieces += _run(third)
+    tokens, _ = _missing(corpus, pieces, "concat")
+    plan = third[0].plan()
+    assert plan.steps > 0 and 0 <= tokens <= 2 * len(SMALL) * (2 + 3) + sum(first[0].plan().unassigned or ())
