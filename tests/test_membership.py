@@ -143,10 +143,18 @@ def test_random_membership_histories_give_every_token_once(tmp_path_factory, see
 
     out, _, bound, loaders = drive(make, history, 3)
     missing = _total(corpus, packing, 32) - _coverage(out.values())
+    plan = _last_segment(next(iter(loaders.values())), max(s for s, _ in out) + 1).plan
+    if plan.first_step > 0:  # a re-plan: its rows as even as its cuts, a document or record a stream
+        # (saved windows' rests dealt whole made them uneven: rows [15, 1] in the third example,
+        # no step left, 16 documents dropped; the bound read from that plan allowed it)
+        if packing == "concat":
+            largest = sum(max(len(x) + 1 for x in d) for _, d in corpus.values())  # a document a stream
+            assert max(plan.tokens) - min(plan.tokens) <= 2 * largest
+        else:
+            assert max(plan.rows) - min(plan.rows) <= 2 * len(SMALL)
     if packing == "concat":
         assert 0 <= missing <= bound
     else:  # pad: a row per document; at most the spread of the workers' rows and a batch each are left
-        plan = _last_segment(next(iter(loaders.values())), max(s for s, _ in out) + 1).plan
         docs = sum(1 for _, d in corpus.values() for x in d if len(x))
         delivered = sum(int((b[:, 3] == 0).sum()) for b in out.values())
         assert 0 <= docs - delivered <= sum(r - min(plan.rows) for r in plan.rows) + len(plan.rows) * batch

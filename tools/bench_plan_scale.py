@@ -70,6 +70,7 @@ from streamforge.resume import elastic  # noqa: E402
 from streamforge.format.manifest import Manifest, shard_name  # noqa: E402
 from streamforge.planning.plan import trim_ranges  # noqa: E402
 from streamforge.planning.planner import Planner  # noqa: E402
+from streamforge.stages.window_order import nonempty_order  # noqa: E402
 from streamforge.resume.state import pack_state  # noqa: E402
 from scale_cuts import cut_figures, cut_lines, set_cuts  # noqa: E402
 from scale_requests import (dropped_shares, notes, pass_requests, plot, requests_lines,  # noqa: E402
@@ -114,6 +115,7 @@ class SyntheticStream:
             eos_id=0,
         )
         self.config = SimpleNamespace(on_error="raise")
+        self.on_error = "raise"  # as a shard source says it (window_order)
         self.reads = 0
 
     def index(self, shard: int):
@@ -274,13 +276,14 @@ def saved_work(corpus: Corpus, world: int, workers: int, window: int, seed: int 
                 stream_windows.append(in_window)
                 shard = np.concatenate([np.full(b - a, k) for k, a, b in in_window])
                 record = np.concatenate([np.arange(a, b) for _, a, b in in_window])
-                keep = np.flatnonzero(lengths[offsets[shard] + record] > 0)
-                pending = rng.choice(keep, size=min(len(keep), end - cursor), replace=False)
+                key = int(rng.integers(2**62))
+                order = nonempty_order(lengths[offsets[shard] + record], key)  # the window's emission order
+                pending = order[len(order) - min(len(order), end - cursor):]
                 if len(pending):  # the window's rest, as ShuffleBuffer.work_left describes it
                     eff = lengths[offsets[shard[pending]] + record[pending]] + 1  # EOS appended
                     offset = int(rng.integers(0, int(eff[0])))
-                    units.append({"ranges": [list(map(int, r)) for r in in_window], "key": int(rng.integers(2**62)),
-                                  "pos": len(keep) - len(pending), "offset": offset,
+                    units.append({"ranges": [list(map(int, r)) for r in in_window], "key": key,
+                                  "pos": len(order) - len(pending), "offset": offset,
                                   "tokens": int(eff.sum()) - offset, "docs": len(pending)})
         streams.append({"ranges": elastic._merge(sorted(ranges_left)),
                         "windows": sorted(units, key=lambda u: (u["ranges"], u["key"]))})
@@ -305,6 +308,7 @@ def time_replan(corpus: Corpus, work: dict, world: int, workers: int, repeats: i
         dataset = SimpleNamespace(
             planner=corpus.planner(), eos_appended=[True] * len(corpus.streams), stream_names=list(NAMES),
             config=SimpleNamespace(seq_len=SEQ_LEN, packing="concat"),
+            _index_source=corpus.source,  # the indexes of a window's rest the re-plan splits
         )
         start = time.perf_counter()
         plan = elastic.remaining_plan(dataset, work, world_size=world, workers_per_rank=workers,

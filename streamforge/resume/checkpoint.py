@@ -329,6 +329,9 @@ class Checkpointer:
         """The plan of what is left of the pass after a resume on another topology."""
         loader, clock = self.loader, self.loader.clock
         if rest.elastic:  # every rank computes it from the same global state: no agreement needed
+            # token cuts: this topology's, as the re-plan was made (an exact resume of an
+            # elastically resumed job has planned nothing yet)
+            use_loader_cuts(self.dataset, loader)
             return remaining_plan(
                 self.dataset, rest.work, world_size=self.dataset.world_size,
                 workers_per_rank=loader.num_logical, batch_size=loader.batch_sizes, first_step=clock.first_step,

@@ -8,16 +8,37 @@ current pass, per stream:
 * ``windows``: the rest of each worker's current shuffle window, compactly: the window's
   record ranges, its shuffle key, how many of its documents were handed out (``pos``) and
   how far into the next one (``offset``, in concat packing the packer's carry), with the
-  tokens and documents it still holds. One entry per saved worker, whatever the window size.
+  tokens and documents it still holds. One entry per saved worker (after an elastic resume,
+  per piece of a rest it was dealt: see below), whatever the window size.
 
 Documents in shuffle windows and the packer's carry are thus part of the work, not lost.
-``assign_work`` deals it to the new topology deterministically: the ranges, sorted, are cut
-at exact token quantiles (per-record lengths from the shard indexes), then each window's rest
-goes to the worker with the fewest tokens so far. Each new worker emits its windows' rests
-first (``ShuffleBuffer`` windows -k..-1, laid out as a restore lays out a window), then reads
-its ranges through a fresh window shuffle. ``remaining_plan`` makes a ``PassPlan`` of it, so
-the steps left are equal on every rank. Chained restarts work the same way: the plan of a resumed pass
-is itself built from the saved work, so its workers' cursors are read against it.
+``assign_work`` deals it to the new topology deterministically, stream by stream. A stream's
+work is one sequence: its windows' rests (sorted by window), each rest's documents in the
+order it emits them (its window's order from its key, from ``pos`` on), then its ranges'
+records, sorted. The sequence is cut into one consecutive part per new worker at the document
+or record boundary nearest each quantile of its weight (a document's tokens with EOS; in pad
+packing 1, its row; per-record lengths from the shard indexes), so the workers' rows differ by
+about a document a stream, as a fresh plan's do (the cuts of a stream are moved by how far
+those of the streams before it fell past their quantiles, so the roundings do not add up).
+
+A rest a cut falls inside is split there into consecutive pieces, each a window's rest of its
+own: the same ranges, key and trims, ``pos`` its first document in the window's order, ``stop``
+where its order ends (``ShuffleBuffer`` lays a piece out as a restore lays out its window,
+stopping there), ``offset`` only on the rest's first piece (in concat packing the packer's
+carry is the rest of that first document). Only those rests are read from the indexes; the
+others count as their saved tokens and documents. Rests dealt whole (to the worker with the
+fewest tokens) and ranges cut by tokens alone, as before, left the re-plan's steps to the
+lightest worker: a pad pass of two streams (80 documents, 40 steps) saved at step 32 on one
+rank and finished on two got rows [15, 1], no step left, 16 documents (497 tokens) dropped;
+in concat packing 1,885 of its 8,797 tokens; now none and 93 (less than a step).
+
+Each new worker emits its windows' rests first (``ShuffleBuffer`` windows -k..-1, laid out as
+a restore lays out a window), then reads its ranges through a fresh window shuffle.
+``remaining_plan`` makes a ``PassPlan`` of it, so the steps left are equal on every rank. With
+``cuts="tokens"`` the rest is cut at token positions instead, rests and documents included
+(``cut_replan.py``). Chained restarts work the same way: the plan of a resumed pass is itself
+built from the saved work, so its workers' cursors are read against it, and a piece's rest is
+again a piece (``pos`` on, to its ``stop``).
 
 The result is JSON-able and goes into the loader's state (``remaining``), so an exact resume
 of a resumed job rebuilds the same plan.
@@ -25,7 +46,7 @@ of a resumed job rebuilds the same plan.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,7 +61,7 @@ from ..stages.balance import window_rests
 from ..stages.interleave import Interleaver
 from .cut_replan import assign_token_work
 from .cut_work import pass_unassigned, rest_unassigned, split_cut_records, use_saved_cuts
-from .probes import buffer_work_left
+from .probes import buffer_work_left, rest_piece, unit_doc_tokens
 from .state import order_config, saved_workers
 
 # {"pass": p, "streams": [{"ranges": [[s, a, b], ...],
@@ -80,7 +101,7 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
             streams[i]["windows"] += units + pieces + rests[i]
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
-        s["windows"] = sorted(s["windows"], key=lambda u: (u["ranges"], u["key"]))
+        s["windows"] = sorted(s["windows"], key=_unit_order)
     out = {"pass": pass_idx, "streams": streams}
     if previous:  # a resumed pass: what its own re-plan gave no worker
         unassigned = rest_unassigned(dataset, previous, assigned, work_tokens(dataset, previous))
@@ -121,32 +142,29 @@ def _probe_buffers(dataset, pass_idx: int, num_global: int, g: int, assigned, ge
 
 def assign_work(dataset, work: Work, num_global: int) -> list[tuple[list, list, np.ndarray, np.ndarray]]:
     """Per stream, (ranges, saved windows' rests, tokens, documents) per global worker: the
-    ranges cut at exact token quantiles, then each window's rest to the worker with the fewest
-    tokens so far (largest first; deterministic)."""
+    stream's work (its windows' rests' documents in emission order, then its ranges) cut into
+    ``num_global`` consecutive parts of near-equal rows (``_deal``; deterministic)."""
     check_work(dataset, work)
     by_tokens = getattr(dataset.config, "cuts", "records") == "tokens"
     spec = dataset.planner.cut_specs.get(num_global) if by_tokens else None
     if spec is not None:  # token cuts: the rest of the pass cut at token positions too
         return assign_token_work(dataset, work, spec)
-    out = []
+    by_docs = dataset.config.packing == "pad"  # a row per document; else rows hold tokens
+    out, ahead = [], np.zeros(max(num_global - 1, 0))
     for i, stream_work in enumerate(work["streams"]):
-        eos = dataset.eos_appended[i]
-        ranges = [tuple(r) for r in stream_work["ranges"]]
+        ranges = [tuple(int(x) for x in r) for r in stream_work["ranges"]]
         # the indexes of every shard the split and the counts need, read in parallel
         dataset.planner.prefetch_indexes(i, {r[0] for r in ranges})
-        parts, tokens, docs = _split(dataset.planner, i, ranges, num_global, eos)
-        windows: list[list[dict]] = [[] for _ in range(num_global)]
-        heap = [(int(t), g) for g, t in enumerate(tokens)]
-        heapq.heapify(heap)
-        # (the work lists them sorted: a stable sort by tokens keeps that order among equals)
-        for unit in sorted(stream_work.get("windows", []), key=lambda u: -int(u["tokens"])):
-            load, g = heapq.heappop(heap)
-            windows[g].append(unit)
-            tokens[g] += int(unit["tokens"])
-            docs[g] += int(unit["docs"])
-            heapq.heappush(heap, (load + int(unit["tokens"]), g))
-        out.append((parts, windows, tokens, docs))
+        units = sorted(stream_work.get("windows", []), key=_unit_order)
+        part = _deal(dataset, i, ranges, units, num_global, dataset.eos_appended[i], by_docs, ahead)
+        out.append(part[:4])
+        ahead = ahead + part[4]
     return out
+
+
+def _unit_order(unit: dict) -> tuple:
+    """Windows' rests in the work's order: by window, pieces of one window in emission order."""
+    return unit["ranges"], int(unit["key"]), int(unit["pos"])
 
 
 def check_work(dataset, work: Work) -> None:
@@ -179,40 +197,97 @@ def check_work(dataset, work: Work) -> None:
                                               f"shard {shard}, which has {int(columns[shard])}")
 
 
-def _split(planner, stream: int, ranges: list[Range], n: int, eos: bool):
-    """``ranges`` (in order) cut into ``n`` consecutive parts of near-equal tokens, each cut at
-    the record boundary nearest its quantile (exact record lengths); with each part's tokens
-    and non-empty documents."""
-    if not ranges:
-        return [[] for _ in range(n)], np.zeros(n, np.int64), np.zeros(n, np.int64)
-    lengths, nonempty = [], []
+def _deal(dataset, stream: int, ranges: list[Range], units: list[dict], n: int, eos: bool, by_docs: bool,
+          ahead: np.ndarray):
+    """One stream's work cut into ``n`` consecutive parts of near-equal weight (a document's
+    weight: its tokens, with EOS; in pad packing 1, its row): ``(ranges, windows' rests,
+    tokens, documents)`` per part, and how far each cut fell past its quantile.
+
+    The work is the windows' rests' documents, rest after rest, each in its emission order
+    (its window's order from its key, ``pos`` to ``stop``), then the ranges' records in order.
+    Each cut goes to the document or record boundary nearest its quantile; a rest a cut falls
+    inside is split there into consecutive pieces (``probes.rest_piece``), each a window's rest of its
+    own, the first keeping the ``offset`` into its first document (concat packing's carry).
+    Only those rests are read from the indexes; the others count as their saved tokens and
+    documents. ``ahead``: how far the streams before this one cut past their quantiles (the
+    running sums of the parts' weights), taken off this stream's, so that the roundings of
+    several streams do not add up on one worker."""
+    planner = dataset.planner
+    r_tokens, r_docs = _record_sizes(planner, stream, ranges, eos)
+    u_tokens = np.array([int(u["tokens"]) for u in units], np.int64)
+    u_docs = np.array([int(u["docs"]) for u in units], np.int64)
+    u_cum = np.concatenate([[0], np.cumsum(u_docs if by_docs else u_tokens)])
+    whole = int(u_cum[-1]) + int((r_docs if by_docs else r_tokens).sum())
+    targets = np.clip(whole * np.arange(1, n) / n - ahead, 0, whole)
+    at = np.searchsorted(u_cum, targets, side="right") - 1
+    split = sorted({int(j) for j, t in zip(at.tolist(), targets.tolist())
+                    if j < len(units) and t > u_cum[j] and u_docs[j] > 1})
+    # the items to cut between: a rest whole, or the documents of one a cut falls inside
+    docs_of = {j: unit_doc_tokens(dataset, stream, units[j]) for j in split}
+    tokens, docs, first = [], [], [0]
+    for j in range(len(units)):
+        each = docs_of.get(j)
+        tokens.append(u_tokens[j : j + 1] if each is None else each)
+        docs.append(u_docs[j : j + 1] if each is None else np.ones(len(each), np.int64))
+        first.append(first[-1] + len(tokens[-1]))
+    tokens.append(r_tokens)
+    docs.append(r_docs)
+    tokens, docs = np.concatenate(tokens).astype(np.int64), np.concatenate(docs).astype(np.int64)
+    cum = np.concatenate([[0], np.cumsum(docs if by_docs else tokens)])
+    bounds = _bounds(cum, targets)
+    starts = np.concatenate([[0], np.cumsum([b - a for _, a, b in ranges])]).astype(np.int64)
+    parts, windows = [], []
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        mine = []
+        for j in range(bisect.bisect_right(first, lo) - 1, bisect.bisect_left(first, hi)):  # the rests it overlaps
+            if not 0 <= j < len(units):
+                continue
+            a, b = max(lo, first[j]) - first[j], min(hi, first[j + 1]) - first[j]
+            if a < b:
+                unit = units[j]
+                mine.append(dict(unit) if j not in docs_of else rest_piece(unit, docs_of[j], a, b))
+        windows.append(mine)
+        parts.append(_records(ranges, starts, max(lo - first[-1], 0), max(hi - first[-1], 0)))
+    c_tokens, c_docs = np.concatenate([[0], np.cumsum(tokens)]), np.concatenate([[0], np.cumsum(docs)])
+    past = cum[bounds[1:-1]] - whole * np.arange(1, n) / n
+    return (parts, windows, np.diff(c_tokens[bounds]).astype(np.int64), np.diff(c_docs[bounds]).astype(np.int64),
+            past)
+
+
+def _record_sizes(planner, stream: int, ranges: list[Range], eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each record's tokens (with EOS) and non-empty documents (0 or 1), ``ranges`` in order."""
+    tokens, docs = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for shard, a, b in ranges:
-        tokens, docs = planner._prefix_of(stream, shard)
-        d = np.diff(docs[a : b + 1])
-        lengths.append(np.diff(tokens[a : b + 1]) + (d if eos else 0))
-        nonempty.append(d)
-    cum = np.concatenate([[0], np.cumsum(np.concatenate(lengths))])
-    dcum = np.concatenate([[0], np.cumsum(np.concatenate(nonempty))])
-    targets = cum[-1] * np.arange(1, n) / n
+        t, d = planner._prefix_of(stream, shard)
+        d = np.diff(d[a : b + 1]).astype(np.int64)
+        tokens.append(np.diff(t[a : b + 1]).astype(np.int64) + (d if eos else 0))
+        docs.append(d)
+    return np.concatenate(tokens), np.concatenate(docs)
+
+
+def _bounds(cum: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Item boundaries cutting running sums ``cum`` into ``len(targets) + 1`` consecutive
+    parts, each cut at the boundary nearest its target."""
+    n = len(targets) + 1
     upper = np.minimum(np.searchsorted(cum, targets, side="left"), len(cum) - 1)
     lower = np.maximum(upper - 1, 0)
     nearer_lower = (upper > 0) & (cum[upper] - targets > targets - cum[lower])
     cuts = np.maximum.accumulate(np.where(nearer_lower, lower, upper)) if n > 1 else np.zeros(0, np.int64)
-    bounds = np.concatenate([[0], cuts, [len(cum) - 1]]).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum([b - a for _, a, b in ranges])])
-    parts = []
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        piece: list[Range] = []
-        j = int(np.searchsorted(starts, lo, side="right")) - 1
-        while lo < hi:
-            shard, a, b = ranges[j]
-            take = min(hi, int(starts[j + 1])) - lo
-            first = a + lo - int(starts[j])
-            piece.append((shard, first, first + take))
-            lo += take
-            j += 1
-        parts.append(piece)
-    return parts, np.diff(cum[bounds]).astype(np.int64), np.diff(dcum[bounds]).astype(np.int64)
+    return np.concatenate([[0], cuts, [len(cum) - 1]]).astype(np.int64)
+
+
+def _records(ranges: list[Range], starts: np.ndarray, lo: int, hi: int) -> list[Range]:
+    """Records ``lo..hi-1`` of ``ranges`` (in order) as ``(shard, start, stop)`` ranges."""
+    piece: list[Range] = []
+    j = int(np.searchsorted(starts, lo, side="right")) - 1
+    while lo < hi:
+        shard, a, b = ranges[j]
+        take = min(hi, int(starts[j + 1])) - lo
+        first = a + lo - int(starts[j])
+        piece.append((shard, first, first + take))
+        lo += take
+        j += 1
+    return piece
 
 
 def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: int, batch_size: int | StepSchedule,

@@ -26,7 +26,9 @@ each run once, into its batch (``DocRun.copy_into``).
 After an elastic resume a worker may also be handed the rests of other workers' windows
 (``windows_for``: ``{"ranges", "key", "pos", "offset"}``), emitted as windows -k..-1 before
 window 0 of that pass: each laid out as a restore would lay it out (the window's order from
-its key, the first ``pos`` documents skipped, ``offset`` tokens into the next one).
+its key, the first ``pos`` documents skipped, ``offset`` tokens into the next one). A piece
+of a window's rest (the re-plan deals a rest's documents over several workers) also has a
+``stop``: its order ends there, and the window's next documents are another worker's.
 """
 
 from __future__ import annotations
@@ -209,6 +211,8 @@ class ShuffleBuffer:
         if reading and skip == 0:
             reader.announce()  # indexes and frames start coming while the window is laid out
         shard, record, lengths, order = window_order(shards, ranges, self.window_key() if reading else int(unit["key"]))
+        if not reading and unit.get("stop") is not None:  # a piece of a window's rest: its order ends there
+            order = order[: int(unit["stop"])]
         if len(order) == 0:
             if reading:
                 reader.skip(len(record))
@@ -400,6 +404,9 @@ class ShuffleBuffer:
             if pos < int(item["pos"]):
                 raise ResumeMismatchError(f"{where}: pos {pos} is before where resumed window "
                                           f"{self.window_idx} starts ({item['pos']})")
+            if item.get("stop") is not None and pos >= int(item["stop"]):
+                raise ResumeMismatchError(f"{where}: pos {pos} is past where resumed window "
+                                          f"{self.window_idx}, a piece of a window's rest, ends ({item['stop']})")
             return
         shard, record, lengths, order = window_order(
             self.source.source, self.source.peek_ranges(self.window_size()), self.window_key(), keep=True
