@@ -173,3 +173,30 @@ def test_parts_of_documents_dealt_by_token_cuts_resume_again(corpus):
     tokens, _ = _missing(corpus, pieces, "concat")
     plan = third[0].plan()
     assert plan.steps > 0 and 0 <= tokens <= 2 * len(SMALL) * (2 + 3) + sum(first[0].plan().unassigned or ())
+
+
+def test_a_re_plan_dealt_by_an_older_streamforge_resumes_statistically(corpus):
+    """An older streamforge dealt saved windows whole: its re-plan, which the workers' cursors
+    are read against, cannot be rebuilt here, so such a state resumes statistically and says
+    why; strict=True refuses it; a state that says nothing of how it was dealt is not exact."""
+    from streamforge import ResumeMismatchError
+    from streamforge.resume.state import pack_state
+
+    first = _loaders(corpus, 1)
+    _run(first, 32)
+    then = _loaders(corpus, 2)
+    state = merge_states([ld.state_dict() for ld in first])
+    for ld in then:
+        ld.load_state_dict(state)
+    _run(then, 34)
+    saved = unpack_state(merge_states([ld.state_dict() for ld in then]))
+    assert saved["remaining"]["work"]["deal"] == 2
+    del saved["remaining"]["work"]["deal"]
+    older = pack_state(saved)  # as the older streamforge saved it: digested, without 'deal'
+    ld = _loaders(corpus, 2)[0]
+    with pytest.raises(ResumeMismatchError, match="dealt saved shuffle windows whole"):
+        ld.load_state_dict(older, strict=True)
+    ld.load_state_dict(older)
+    assert ld.resume_report.mode == "statistical" and ld.step == 34
+    assert any("older streamforge" in d for d in ld.resume_report.differences)
+    assert next(iter(ld))["input_ids"].shape == (2, 32)

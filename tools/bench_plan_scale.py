@@ -288,7 +288,7 @@ def saved_work(corpus: Corpus, world: int, workers: int, window: int, seed: int 
         streams.append({"ranges": elastic._merge(sorted(ranges_left)),
                         "windows": sorted(units, key=lambda u: (u["ranges"], u["key"]))})
         windows.append(stream_windows)
-    return {"pass": 0, "streams": streams}, windows
+    return {"pass": 0, "deal": elastic.DEAL, "streams": streams}, windows
 
 
 def _head(ranges, records: int):

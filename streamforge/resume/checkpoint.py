@@ -26,7 +26,7 @@ from ..planning.plan import PassPlan
 from ..planning.schedule import SkipRanges
 from ..planning.steps import step_at_tokens
 from .cut_work import use_loader_cuts, use_saved_cuts
-from .elastic import elastic_blockers, remaining_plan, work_left, work_tokens
+from .elastic import dealt_here, elastic_blockers, remaining_plan, work_left, work_tokens
 from .state import (
     STATE_VERSION, UNDIGESTED_VERSION, ResumeReport, config_differences, config_fingerprint, pack_state,
     saved_ranks, unpack_state,
@@ -124,9 +124,16 @@ class Checkpointer:
         loader = self.loader
         loader.skip_steps = loader.skip_steps | SkipRanges(state["skip_steps"])
         differences = self._differences(state)
+        forced = None  # why only a statistical resume can read this state
         if state.get("upgraded_from"):
-            differences.insert(0, f"state version {state['upgraded_from']} (one rank's state, from an older "
-                                  "streamforge): resumed statistically from that rank's cursors")
+            forced = (f"state version {state['upgraded_from']} (one rank's state, from an older streamforge): "
+                      "resumed statistically from that rank's cursors")
+        elif not dealt_here(state):
+            forced = ("its pass was re-planned elastically by an older streamforge, which dealt saved shuffle "
+                      "windows whole (remaining.work has no 'deal'); this one cannot rebuild that plan to read "
+                      "the workers' cursors against it: resumed statistically")
+        if forced:
+            differences.insert(0, forced)
             mode = "statistical"
         if strict and differences:
             raise ResumeMismatchError("the resume would not be exact: " + "; ".join(differences))
@@ -145,7 +152,7 @@ class Checkpointer:
             self._load_exact(state, part)
             return
         loader.counters.load_state_dict(spread([state["ranks"][r]["counters"] for r in have], self.dataset.world_size))
-        blockers = ([differences[0]] if state.get("upgraded_from") else ["mode='statistical' was asked for"]) if mode \
+        blockers = ([forced] if forced else ["mode='statistical' was asked for"]) if mode \
             else elastic_blockers(self.dataset, state, differences)
         if not blockers:
             self._load_elastic(state, differences)

@@ -64,7 +64,12 @@ from .cut_work import pass_unassigned, rest_unassigned, split_cut_records, use_s
 from .probes import buffer_work_left, rest_piece, unit_doc_tokens
 from .state import order_config, saved_workers
 
-# {"pass": p, "streams": [{"ranges": [[s, a, b], ...],
+# how ``assign_work`` deals saved work, saved with it (``work["deal"]``): 2, window rests cut
+# into pieces with the ranges; work without it was dealt by an older streamforge (rests whole),
+# whose plan this one does not rebuild (the checkpointer resumes such a state statistically)
+DEAL = 2
+
+# {"pass": p, "deal": DEAL, "streams": [{"ranges": [[s, a, b], ...],
 #                          "windows": [{"ranges", "key", "pos", "offset", "tokens", "docs"}, ...]}, ...]}
 Work = dict[str, Any]
 
@@ -102,7 +107,7 @@ def work_left(dataset, state: dict[str, Any]) -> Work:
     for s in streams:
         s["ranges"] = _merge(sorted(s["ranges"]))
         s["windows"] = sorted(s["windows"], key=_unit_order)
-    out = {"pass": pass_idx, "streams": streams}
+    out = {"pass": pass_idx, "deal": DEAL, "streams": streams}
     if previous:  # a resumed pass: what its own re-plan gave no worker
         unassigned = rest_unassigned(dataset, previous, assigned, work_tokens(dataset, previous))
     else:
@@ -167,6 +172,14 @@ def _unit_order(unit: dict) -> tuple:
     return unit["ranges"], int(unit["key"]), int(unit["pos"])
 
 
+def dealt_here(state: dict[str, Any]) -> bool:
+    """Whether the elastic re-plan a state's pass runs on (if any) was dealt as this streamforge
+    deals it (``DEAL``), so that the plan its workers' cursors are read against can be rebuilt."""
+    rest = state.get("remaining")
+    work = rest.get("work") if isinstance(rest, dict) else None
+    return not isinstance(work, dict) or work.get("deal") == DEAL
+
+
 def check_work(dataset, work: Work) -> None:
     """Saved work (from a state file: never trusted) points into the streams' records, each
     range in a reading the stream has (``planning/readings.py``), else ``ResumeMismatchError``."""
@@ -174,6 +187,9 @@ def check_work(dataset, work: Work) -> None:
     streams = work.get("streams") if isinstance(work, dict) else None
     if not isinstance(streams, list) or len(streams) != len(planner.names):
         raise ResumeMismatchError(f"loader state: remaining work must list {len(planner.names)} streams")
+    if work.get("deal") != DEAL:
+        raise ResumeMismatchError(f"loader state: remaining work dealt as {work.get('deal')!r}; this streamforge "
+                                  f"deals saved work as {DEAL} (an older one's plan cannot be rebuilt)")
     for i, stream_work in enumerate(streams):
         name, repeat = planner.names[i], planner.repeats[i]
         columns = planner.manifests[i].columns["num_records"]
