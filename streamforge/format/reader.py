@@ -16,7 +16,8 @@ import zstandard
 from ..errors import ShardCorruptError
 from .checks import check_index  # noqa: F401 - read by streamforge/source, which imports it from here
 from .frames import ShardIndex, decode_frame
-from .tar import member_mismatch
+from ..pipeline import core
+from .tar import member_mismatch, npy_header_size_fixed
 
 
 class DocBatch:
@@ -83,11 +84,22 @@ def check_frame_records(index: ShardIndex, frame: int, raw, itemsize: int, where
     """Raise ``ShardCorruptError`` unless the tar header of every record of ``frame`` (its
     decoded bytes ``raw``) gives the member the size the index does: a record longer or
     shorter than its index says would otherwise be cut short, or padded with the next
-    member's bytes, without a word. Once per decoded frame, vectorized."""
+    member's bytes, without a word. Once per decoded frame: one call into the compiled core
+    where it is built, else vectorized with numpy (the same answer)."""
     lo, hi = int(index.first_records[frame]), index.record_stop(frame)
     if hi <= lo:
         return
-    bad, kind, expected, said = member_mismatch(np.frombuffer(raw, np.uint8), index.records[lo:hi], itemsize)
+    rows = index.records[lo:hi]
+    found = None
+    head = npy_header_size_fixed(itemsize)
+    if core.ext is not None and head is not None:  # the same check in one loop (pipeline/_core.c)
+        found = core.ext.member_check(raw, rows["token_offset"], rows["num_tokens"], rows["meta_offset"],
+                                      rows["meta_size"], head, itemsize)
+    if found is None:
+        found = member_mismatch(np.frombuffer(raw, np.uint8), rows, itemsize)
+    elif found == -1:
+        return
+    bad, kind, expected, said = found
     if bad >= 0:
         raise ShardCorruptError(f"{where} frame {frame} record {lo + bad}: {member_problem(kind, expected, said)}")
 
