@@ -89,10 +89,11 @@ class Counters:
         """A batch's counts, so that ``after`` is a few additions."""
         n = len(self.names)
         num_tokens = int(rows.length.sum())
-        starts = rows.token_start == 0
         pieces = (rows.start.copy(), rows.length.copy(), rows.seq_len, rows.num_rows)
-        if n == 1:  # one stream: no bincount
-            return Tally(num_tokens, [num_tokens], [int(np.count_nonzero(starts))], pieces)
+        if n == 1:  # one stream: no bincount; documents begun = pieces at token 0
+            begun = len(rows.token_start) - int(np.count_nonzero(rows.token_start))
+            return Tally(num_tokens, [num_tokens], [begun], pieces)
+        starts = rows.token_start == 0
         tokens = np.bincount(rows.stream, weights=rows.length, minlength=n).astype(np.int64).tolist()
         return Tally(num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist(), pieces)
 
