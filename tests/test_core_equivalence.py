@@ -188,7 +188,7 @@ def frames(draw):
             i = draw(st.integers(0, len(records) - 1))
             base = int(records["token_offset"][i]) - 128 - BLOCK + 124
             pos = draw(st.one_of(st.integers(base, base + 10), st.integers(0, len(raw) - 1)))
-            raw[pos] = draw(st.sampled_from([ord("0"), ord("7"), ord("8"), ord(" "), 0]))
+            raw[min(max(pos, 0), len(raw) - 1)] = draw(st.sampled_from([ord("0"), ord("7"), ord("8"), ord(" "), 0]))
         else:
             field = draw(st.sampled_from(RECORD_DTYPE.names))
             i = draw(st.integers(0, len(records) - 1))

@@ -214,7 +214,7 @@ class Interleaver:
         source = self.sources[stream]
         run = source.take_run(n, max_docs)
         if len(run.length) > 1:  # the full lengths of the documents after the first
-            full = int(np.add.reduce(run.length[1:]))
+            full = sum(run.length[1:].tolist())  # a few dozen: cheaper than a numpy reduction
             if not run.done:
                 full += source.doc_length() - int(run.length[-1])
             self.emitted[stream] += full
