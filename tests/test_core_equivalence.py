@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from helpers.pipeline import dataset, loader, write_stream
 from streamforge.pipeline import core
+from streamforge.format.frames import RECORD_DTYPE
+from streamforge.format.tar import BLOCK, encode_record, member_bytes, member_mismatch, npy_header_size_fixed
 from streamforge.pipeline.batch import FIELDS, RowBatch, expand
 
 COMPILED = core.ext  # None where the extension is not built or STREAMFORGE_NO_EXT is set
@@ -201,6 +203,59 @@ def test_fill_parts_leaves_a_source_of_another_dtype_to_numpy():
     for source in (np.ones(6, np.uint32), np.ones(12, np.uint16)[::2]):
         assert COMPILED.fill_parts(source, starts, lengths, grid, 0) is None
         assert (grid == 0).all()
+
+
+# -- member_check on damaged frames ------------------------------------------------------------
+
+@st.composite
+def frames(draw):
+    """A frame's decoded bytes (records with and without a .json member) and its index rows,
+    then a few bytes of the frame or fields of the rows overwritten."""
+    itemsize = draw(st.sampled_from([2, 4]))
+    parts, rows, at = [], [], 0
+    for i, (n, meta) in enumerate(draw(st.lists(st.tuples(st.integers(0, 300), st.booleans()), min_size=1, max_size=8))):
+        meta_json = b'{"k": %d}' % i if meta else None
+        blobs, offset = encode_record(i, np.arange(n, dtype=f"<u{itemsize}"), meta_json)
+        size = sum(len(b) for b in blobs)
+        meta_at = at + size - member_bytes(len(meta_json)) + BLOCK if meta else 0
+        rows.append((at + offset, n, meta_at, len(meta_json) if meta else 0))
+        parts += blobs
+        at += size
+    raw = bytearray(b"".join(parts))
+    records = np.array(rows, dtype=RECORD_DTYPE)
+    for _ in range(draw(st.integers(0, 3))):
+        if draw(st.booleans()):  # a byte of a header's size field, or anywhere
+            i = draw(st.integers(0, len(records) - 1))
+            base = int(records["token_offset"][i]) - 128 - BLOCK + 124
+            pos = draw(st.one_of(st.integers(base, base + 10), st.integers(0, len(raw) - 1)))
+            raw[min(max(pos, 0), len(raw) - 1)] = draw(st.sampled_from([ord("0"), ord("7"), ord("8"), ord(" "), 0]))
+        else:
+            field = draw(st.sampled_from(RECORD_DTYPE.names))
+            i = draw(st.integers(0, len(records) - 1))
+            # within the frame and a block past it, as the index checks leave them
+            records[field][i] = max(0, int(records[field][i]) + draw(st.integers(-600, 600))) if draw(
+                st.booleans()) else draw(st.sampled_from([0, 1, 511, 1024, len(raw), len(raw) + BLOCK]))
+    return bytes(raw), records, itemsize
+
+
+@needs_core
+@settings(max_examples=300, deadline=None)
+@given(frame=frames())
+def test_member_check_finds_the_mismatch_numpy_finds(frame):
+    raw, records, itemsize = frame
+    head = npy_header_size_fixed(itemsize)
+    got = COMPILED.member_check(raw, records["token_offset"], records["num_tokens"], records["meta_offset"],
+                                records["meta_size"], head, itemsize)
+    want = member_mismatch(np.frombuffer(raw, np.uint8), records, itemsize)
+    assert (got if got != -1 else (-1, "", 0, None)) == want
+
+
+@needs_core
+def test_member_check_leaves_other_columns_to_numpy():
+    z = np.zeros(2, np.int64)
+    assert COMPILED.member_check(b"", np.zeros(2), z, z, z, 128, 2) is None  # float
+    assert COMPILED.member_check(b"", z, z[:1], z, z, 128, 2) is None  # lengths differ
+    assert COMPILED.member_check(b"", np.zeros((2, 1), np.int64), z, z, z, 128, 2) is None
 
 
 # -- whole passes -------------------------------------------------------------------------------

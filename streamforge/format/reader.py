@@ -16,15 +16,16 @@ import zstandard
 from ..errors import ShardCorruptError
 from .checks import check_index  # noqa: F401 - read by streamforge/source, which imports it from here
 from .frames import ShardIndex, decode_frame
-from .tar import member_mismatch
+from ..pipeline import core
+from .tar import member_mismatch, npy_header_size_fixed
 
 
 class DocBatch:
     """Documents as one flat token array: document i is ``tokens[offsets[i]:offsets[i+1]]``.
 
-    A batch read from shards may instead hold ``views``: one byte view per document into the
-    decoded frames, so a consumer that reorders documents (the shuffle) copies each token
-    once; ``tokens`` is then built on first use.
+    A batch read from shards may instead hold ``views``: one view per document into the
+    decoded frames, in the token dtype, so a consumer that reorders documents (the shuffle)
+    copies each token once; ``tokens`` is then built on first use.
     """
 
     __slots__ = ("_tokens", "views", "dtype", "offsets", "shard", "record")
@@ -40,8 +41,7 @@ class DocBatch:
     @property
     def tokens(self) -> np.ndarray:
         if self._tokens is None:
-            joined = np.concatenate(self.views) if self.views else np.zeros(0, np.uint8)
-            self._tokens = joined.view(self.dtype)
+            self._tokens = np.concatenate(self.views) if self.views else np.zeros(0, self.dtype)
         return self._tokens
 
     def __len__(self) -> int:
@@ -83,11 +83,22 @@ def check_frame_records(index: ShardIndex, frame: int, raw, itemsize: int, where
     """Raise ``ShardCorruptError`` unless the tar header of every record of ``frame`` (its
     decoded bytes ``raw``) gives the member the size the index does: a record longer or
     shorter than its index says would otherwise be cut short, or padded with the next
-    member's bytes, without a word. Once per decoded frame, vectorized."""
+    member's bytes, without a word. Once per decoded frame: one call into the compiled core
+    where it is built, else vectorized with numpy (the same answer)."""
     lo, hi = int(index.first_records[frame]), index.record_stop(frame)
     if hi <= lo:
         return
-    bad, kind, expected, said = member_mismatch(np.frombuffer(raw, np.uint8), index.records[lo:hi], itemsize)
+    rows = index.records[lo:hi]
+    found = None
+    head = npy_header_size_fixed(itemsize)
+    if core.ext is not None and head is not None:  # the same check in one loop (pipeline/_core.c)
+        found = core.ext.member_check(raw, rows["token_offset"], rows["num_tokens"], rows["meta_offset"],
+                                      rows["meta_size"], head, itemsize)
+    if found is None:
+        found = member_mismatch(np.frombuffer(raw, np.uint8), rows, itemsize)
+    elif found == -1:
+        return
+    bad, kind, expected, said = found
     if bad >= 0:
         raise ShardCorruptError(f"{where} frame {frame} record {lo + bad}: {member_problem(kind, expected, said)}")
 
@@ -104,15 +115,25 @@ def gather(
     dtype: np.dtype,
 ) -> DocBatch:
     """Records ``start..stop-1`` of ``shard`` as views into its decoded frames ``first_frame..``:
-    one numpy view per record, no token copied."""
+    one numpy view per record, in ``dtype``, no token copied. Where every record's tokens start
+    at a multiple of the token size in its frame (the writer's layout), each view is one slice
+    of its frame seen as tokens; otherwise a slice of its bytes, then seen as tokens."""
     records = index.records[start:stop]
     lengths = records["num_tokens"].astype(np.int64)
     itemsize = dtype.itemsize
-    frame_of = index.frame_of_record(np.arange(start, stop)) - first_frame
-    frame_views = [np.frombuffer(f, np.uint8) for f in frames]
+    # per-record numbers as lists: a numpy operation over thousands of records lets go of the
+    # GIL, and the read-ahead thread may then hold it for a switch interval (milliseconds)
+    frame_of = (index.frame_of_record(np.arange(start, stop)) - first_frame).tolist()
     byte_offsets = records["token_offset"].tolist()
-    byte_stops = (records["token_offset"] + lengths * itemsize).tolist()
-    views = [frame_views[fr][a:b] for fr, a, b in zip(frame_of.tolist(), byte_offsets, byte_stops)]
+    counts = lengths.tolist()
+    if itemsize == 1 or not any(a % itemsize for a in byte_offsets):
+        frame_views = [np.frombuffer(f, dtype, len(f) // itemsize) for f in frames]
+        views = [frame_views[fr][a // itemsize : a // itemsize + n]
+                 for fr, a, n in zip(frame_of, byte_offsets, counts)]
+    else:
+        frame_views = [np.frombuffer(f, np.uint8) for f in frames]
+        views = [frame_views[fr][a : a + n * itemsize].view(dtype)
+                 for fr, a, n in zip(frame_of, byte_offsets, counts)]
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return DocBatch(

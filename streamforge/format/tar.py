@@ -114,7 +114,8 @@ def member_mismatch(raw: np.ndarray, rows: np.ndarray, itemsize: int) -> tuple[i
     dozen numpy calls per frame whatever its number of records."""
     n = rows["num_tokens"].astype(np.int64)
     heads = npy_header_sizes_fast(n, itemsize)
-    members = [("npy", rows["token_offset"] - (BLOCK + heads), heads + n * itemsize, None)]
+    # int64: an offset below its header (a damaged row) would wrap around as uint32
+    members = [("npy", rows["token_offset"].astype(np.int64) - (BLOCK + heads), heads + n * itemsize, None)]
     meta = rows["meta_size"]
     if meta.any():
         wanted = meta > 0
@@ -150,6 +151,14 @@ _OCTAL_PLACES = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 def _octal_value(raw: np.ndarray, at: int) -> int:
     text = raw[at + 124 : at + 135].tobytes()
     return int(text, 8) if len(text) == 11 and all(48 <= c <= 55 for c in text) else -1
+
+
+@functools.lru_cache(maxsize=None)
+def npy_header_size_fixed(itemsize: int) -> int | None:
+    """The npy header's bytes of a 1-D array of ``itemsize``-byte tokens where it is the same
+    for every length (as it is: 128), else None."""
+    by_digits = _header_sizes_by_digits(f"<u{itemsize}")
+    return int(by_digits[0]) if by_digits[0] == by_digits[-1] else None
 
 
 def npy_header_sizes_fast(num_items: np.ndarray, itemsize: int) -> np.ndarray | int:

@@ -17,6 +17,10 @@ from ..pipeline.cost import piece_row_costs
 from ..planning.schedule import MixtureSchedule
 from ..stages.base import check_state
 
+# a named tuple built from a plain tuple, without its Python-level ``__new__`` (per batch)
+_new = tuple.__new__
+_count_nonzero = np.count_nonzero
+
 _KEYS = ("tokens", "documents", "phase_tokens", "skipped_steps", "skipped_tokens", "dropped_tokens")
 
 
@@ -60,6 +64,8 @@ class Counters:
         zeros = (0,) * n
         self.totals = Totals(zeros, zeros, tuple(zeros for _ in schedule.starts))
         self.last: Tally | None = None  # the last batch handed out (``step_cost``)
+        self._single_stream = n == 1
+        self._single_phase = len(schedule.starts) == 1
 
     @property
     def tokens(self) -> list[int]:
@@ -87,19 +93,26 @@ class Counters:
 
     def tally(self, rows: RowBatch) -> Tally:
         """A batch's counts, so that ``after`` is a few additions."""
+        length = rows.length
+        shape = rows.tokens.shape
+        num_tokens = sum(length.tolist())  # a few dozen pieces: cheaper than a numpy reduction
+        pieces = (rows.start.copy(), length.copy(), shape[1] - 1, shape[0])
+        if self._single_stream:  # documents begun = pieces at token 0: no bincount
+            token_start = rows.token_start
+            begun = len(token_start) - int(_count_nonzero(token_start))
+            return _new(Tally, (num_tokens, [num_tokens], [begun], pieces))
         n = len(self.names)
-        num_tokens = int(rows.length.sum())
         starts = rows.token_start == 0
-        pieces = (rows.start.copy(), rows.length.copy(), rows.seq_len, rows.num_rows)
-        if n == 1:  # one stream: no bincount
-            return Tally(num_tokens, [num_tokens], [int(np.count_nonzero(starts))], pieces)
-        tokens = np.bincount(rows.stream, weights=rows.length, minlength=n).astype(np.int64).tolist()
+        tokens = np.bincount(rows.stream, weights=length, minlength=n).astype(np.int64).tolist()
         return Tally(num_tokens, tokens, np.bincount(rows.stream[starts], minlength=n).tolist(), pieces)
 
     def after(self, tally: Tally, step: int) -> Totals:
         """The totals once a batch of ``tally`` is handed out at global ``step`` (nothing changes)."""
         t = self.totals
-        phase = 0 if len(self.schedule.starts) == 1 else self.schedule.phase_at(step)
+        if self._single_stream and self._single_phase:  # one number each: no maps, no lists
+            k = tally[1][0]
+            return _new(Totals, ((t[0][0] + k,), (t[1][0] + tally[2][0],), ((t[2][0][0] + k,),), t[3], t[4], t[5]))
+        phase = 0 if self._single_phase else self.schedule.phase_at(step)
         rows = list(t.phase_tokens)
         rows[phase] = tuple(map(add, rows[phase], tally.tokens))
         return Totals(tuple(map(add, t.tokens, tally.tokens)), tuple(map(add, t.documents, tally.documents)),

@@ -1,6 +1,6 @@
 /* streamforge.pipeline._core: the compiled core of the per-batch hot loops.
  *
- * Two functions, both on raw buffers seen through the buffer protocol (numpy arrays in
+ * Functions on raw buffers seen through the buffer protocol (numpy arrays in
  * practice; no numpy headers are needed to build this):
  *
  *   expand(tokens, lookahead, start, length, stream, continues, document,
@@ -27,13 +27,24 @@
  *       where ``source`` is not a contiguous 1-D array of the grid's dtype; ValueError where
  *       a span lies outside ``source`` or the parts run past the grid.
  *
+ *   member_check(raw, token_offset, num_tokens, meta_offset, meta_size, head, itemsize)
+ *           -> -1, (position, kind, expected, said) or None
+ *       The tar check of a frame's records (format/tar.py, ``member_mismatch``): the first
+ *       record whose .npy member (or .json member, where meta_size > 0) does not have the
+ *       size its index row gives in the ustar header before it in ``raw`` (the frame's
+ *       decoded bytes), as ``member_mismatch`` reports it (said None where no header fits
+ *       or its size field is not 11 octal digits); -1 when every member agrees. ``head``: the
+ *       npy header's bytes, the same for every record. None where an index column is not a
+ *       1-D integer array (the caller runs the numpy version).
+ *
  *   balance_layout(lengths, cap, T, small, alone, round) -> bytearray or None
  *       The balanced layout's dealing of a window's pieces into rows (in _layout.c).
  *
  *   balance_cap(lengths, density, hi) -> int or None
  *       The balanced layout's cap on a window's parts (in _layout.c).
  *
- * The loops run without the GIL: the buffers are held for the whole call.
+ * The loops over a batch run without the GIL: the buffers are held for the whole call
+ * (member_check, a loop over one frame's few hundred records, keeps it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -504,6 +515,75 @@ release:
     arr_release(&starts);
     arr_release(&lengths);
     arr_release(&tokens);
+/* The size a ustar header at ``at`` of ``raw`` gives its member: -1 where no header fits
+ * there or its size field (11 bytes from offset 124) is not octal digits. */
+static inline int64_t header_size(const unsigned char *raw, Py_ssize_t len, int64_t at)
+{
+    int64_t value = 0;
+    int k;
+    if (at < 0 || at + 512 > (int64_t)len)
+        return -1;
+    for (k = 0; k < 11; k++) {
+        unsigned char c = raw[at + 124 + k];
+        if (c < '0' || c > '7')
+            return -1;
+        value = value * 8 + (c - '0');
+    }
+    return value;
+}
+
+static PyObject *core_member_check(PyObject *self, PyObject *args)
+{
+    PyObject *o_raw, *o_off, *o_num, *o_moff, *o_msize, *result = NULL;
+    long long head, itemsize;
+    Py_buffer raw;
+    Arr off = {0}, num = {0}, moff = {0}, msize = {0};
+    Py_ssize_t n, i;
+    int ok;
+
+    if (!PyArg_ParseTuple(args, "OOOOOLL:member_check", &o_raw, &o_off, &o_num, &o_moff, &o_msize, &head,
+                          &itemsize))
+        return NULL;
+    if (PyObject_GetBuffer(o_raw, &raw, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if ((ok = arr_get(o_off, &off, 1, 0)) == 1 && (ok = arr_get(o_num, &num, 1, 0)) == 1
+        && (ok = arr_get(o_moff, &moff, 1, 0)) == 1)
+        ok = arr_get(o_msize, &msize, 1, 0);
+    if (ok < 0)
+        goto release;
+    n = off.view.shape[0];
+    if (ok == 0 || num.view.shape[0] != n || moff.view.shape[0] != n || msize.view.shape[0] != n) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto release;
+    }
+    for (i = 0; i < n; i++) {
+        const unsigned char *buf = (const unsigned char *)raw.buf;
+        int64_t expected = head + arr_at(&num, i) * itemsize;
+        int64_t said = header_size(buf, raw.len, arr_at(&off, i) - (512 + head));
+        const char *kind = "npy";
+        if (said == expected) {
+            expected = arr_at(&msize, i);
+            if (expected <= 0)
+                continue;
+            said = header_size(buf, raw.len, arr_at(&moff, i) - 512);
+            if (said == expected)
+                continue;
+            kind = "json";
+        }
+        if (said < 0)
+            result = Py_BuildValue("(nsLO)", i, kind, (long long)expected, Py_None);
+        else
+            result = Py_BuildValue("(nsLL)", i, kind, (long long)expected, (long long)said);
+        goto release;
+    }
+    result = PyLong_FromLong(-1);
+release:
+    PyBuffer_Release(&raw);
+    arr_release(&off);
+    arr_release(&num);
+    arr_release(&moff);
+    arr_release(&msize);
     return result;
 }
 
@@ -523,6 +603,10 @@ static PyMethodDef core_methods[] = {
      "fill_parts(source, starts, lengths, tokens, offset) -> int | None\n\nAs fill_rows, the parts being the spans "
      "source[starts[k]:starts[k] + lengths[k]]; None (nothing written) where source is not a contiguous 1-D "
      "array of the grid's dtype."},
+    {"member_check", core_member_check, METH_VARARGS,
+     "member_check(raw, token_offset, num_tokens, meta_offset, meta_size, head, itemsize) -> int | tuple | None\n\n"
+     "The first record of a frame whose tar member has another size than its index row gives, as "
+     "(position, kind, expected, said); -1 when none; None where a column is not a 1-D integer array."},
     {"balance_layout", core_balance_layout, METH_VARARGS,
      "balance_layout(lengths, cap, T, small, alone, round) -> bytearray | None\n\nThe balanced layout's parts "
      "(row, piece, offset, length; 4*P int64 items) of a window's piece lengths cut at cap; None where lengths "

@@ -15,6 +15,7 @@ padding.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,11 +166,19 @@ def _expand_compiled(ext, batch: RowBatch, boundary: str, fields: tuple[str, ...
     """``fields`` filled by the compiled core in one pass; None for a layout it leaves to numpy."""
     rows, width = batch.tokens.shape
     shape = (rows, width - 1)
-    arrays = {name: np.empty(shape, np.int32 if name in _INT32 else np.int64) for name in FIELDS if name in fields}
+    wanted = _wanted(tuple(fields))
+    arrays = [None if dtype is None else np.empty(shape, dtype) for _, dtype in wanted]
     if not ext.expand(batch.tokens, batch.lookahead, batch.start, batch.length, batch.stream, batch.continues,
-                      boundary == "document", *(arrays.get(name) for name in FIELDS)):
+                      boundary == "document", *arrays):
         return None
-    return {name: torch.from_numpy(values) for name, values in arrays.items()}
+    from_numpy = torch.from_numpy
+    return {name: from_numpy(values) for (name, dtype), values in zip(wanted, arrays) if dtype is not None}
+
+
+@functools.lru_cache(maxsize=64)
+def _wanted(fields: tuple[str, ...]) -> tuple[tuple[str, type | None], ...]:
+    """Each contract field in order with its dtype, or None where ``fields`` leaves it out."""
+    return tuple((name, (np.int32 if name in _INT32 else np.int64) if name in fields else None) for name in FIELDS)
 
 
 def _expand_numpy(batch: RowBatch, boundary: str, fields: tuple[str, ...]) -> dict[str, torch.Tensor]:

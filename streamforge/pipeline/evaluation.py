@@ -256,10 +256,10 @@ class _DocReader:
         self.offsets = np.concatenate([[0], np.cumsum(lengths)])
         if self.eos_id is None:
             self.buf = batch.tokens
-        elif batch.views is not None:  # one copy: each document's bytes, then EOS
-            eos = np.array([self.eos_id], self.source.dtype).view(np.uint8)
+        elif batch.views is not None:  # one copy: each document's tokens, then EOS
+            eos = np.array([self.eos_id], self.source.dtype)
             parts = [p for view in batch.views for p in ((view, eos) if len(view) else ())]
-            self.buf = np.concatenate(parts).view(self.source.dtype) if parts else np.zeros(0, self.source.dtype)
+            self.buf = np.concatenate(parts) if parts else np.zeros(0, self.source.dtype)
         else:
             tokens, raw = batch.tokens, np.diff(batch.offsets)
             buf = np.full(int(self.offsets[-1]), self.eos_id, tokens.dtype)

@@ -57,20 +57,19 @@ class CutSource:
         hit = [(r, t) for (s, r), t in self.trims.items() if s == shard and start <= r < stop]
         if not hit:
             return docs
-        size = docs.dtype.itemsize
         if docs.views is not None:
             views = list(docs.views)
         else:
-            raw = docs.tokens.view(np.uint8)
-            bounds = (docs.offsets * size).tolist()
-            views = [raw[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            tokens = docs.tokens
+            bounds = docs.offsets.tolist()
+            views = [tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         records = docs.record.tolist()
         for r, _ in hit:
             if r in records:
                 i = records.index(r)
-                lo, hi = self._piece(shard, r, len(views[i]) // size)
-                views[i] = views[i][lo * size : hi * size]
-        lengths = np.array([len(v) // size for v in views], np.int64)
+                lo, hi = self._piece(shard, r, len(views[i]))
+                views[i] = views[i][lo:hi]
+        lengths = np.array([len(v) for v in views], np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         return DocBatch(None, offsets, docs.shard, docs.record, views=views, dtype=docs.dtype)
 

@@ -213,11 +213,11 @@ class Interleaver:
         current one first (already counted), the others counted here."""
         source = self.sources[stream]
         run = source.take_run(n, max_docs)
-        if len(run.length) > 1:
-            full = run.length[1:].copy()
+        if len(run.length) > 1:  # the full lengths of the documents after the first
+            full = sum(run.length[1:].tolist())  # a few dozen: cheaper than a numpy reduction
             if not run.done:
-                full[-1] = source.doc_length()
-            self.emitted[stream] += int(full.sum())
+                full += source.doc_length() - int(run.length[-1])
+            self.emitted[stream] += full
         self.current = -1 if run.done else stream
         return run
 

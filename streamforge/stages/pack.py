@@ -89,7 +89,18 @@ _PIECE_FIELDS = {
 
 def _run_streams(stream: int, run) -> np.ndarray:
     """The stream of each piece of a run (a run of stream -1 mixes streams and says which)."""
-    return run.streams if stream < 0 else np.full(len(run.length), stream, np.int16)
+    if stream < 0:
+        return run.streams
+    out = np.empty(len(run.length), np.int16)
+    out.fill(stream)  # np.full costs three times as much on a few dozen values
+    return out
+
+
+def _starts(length: np.ndarray) -> np.ndarray:
+    """Where each piece begins when they are laid end to end from 0 (int64). ``np.add.accumulate``
+    is ``np.cumsum`` less the Python wrapper, a third of its cost on a batch's pieces."""
+    ends = np.add.accumulate(length, dtype=np.int64)
+    return np.subtract(ends, length, out=ends)
 
 
 def _join_runs(runs) -> dict[str, np.ndarray]:
@@ -100,7 +111,7 @@ def _join_runs(runs) -> dict[str, np.ndarray]:
         continues = np.zeros(len(length), bool)
         continues[-1] = not run.done
         return {
-            "start": np.cumsum(length) - length, "length": length,
+            "start": _starts(length), "length": length,
             "stream": _run_streams(stream_idx, run), "shard": run.shard.astype(np.int32),
             "record": run.record, "token_start": run.token_start, "continues": continues,
         }
@@ -113,7 +124,7 @@ def _join_runs(runs) -> dict[str, np.ndarray]:
     else:
         stream = np.repeat(np.array([s for _, s, _ in runs], np.int16), counts)
     return {
-        "start": np.cumsum(length) - length, "length": length,
+        "start": _starts(length), "length": length,
         "stream": stream,
         "shard": np.concatenate([r.shard for _, _, r in runs]).astype(np.int32),
         "record": np.concatenate([r.record for _, _, r in runs]),

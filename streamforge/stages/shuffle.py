@@ -44,7 +44,7 @@ from .read import ReaderState, ShardReader
 from .runs import DocRun
 from .window import Window
 from .window_order import window_key, window_order, window_size
-from .window_reads import Pending, byte_views, locate, read_records
+from .window_reads import Pending, doc_views, locate, read_records
 
 # tools/bench_plan_scale.py times these two under their old names
 from .window_order import nonempty_order as _nonempty_order  # noqa: E402, F401
@@ -240,14 +240,15 @@ class ShuffleBuffer:
             docs = read_records(shards, shard[np.sort(wanted)], record[np.sort(wanted)], ranges)
             if reading:
                 reader.skip(len(record))
-        views = byte_views(docs)
+        views = doc_views(docs)
         if skip == 0 and len(docs) == len(record):  # every record came back, in window order
             pieces = [views[i] for i in wanted.tolist()]
         else:
             at, present = locate(docs.shard, docs.record, shard[wanted], record[wanted])
             # a record the source skipped as damaged (on_error="skip") is laid out empty
-            pieces = [views[i] if ok else _EMPTY for i, ok in zip(at.tolist(), present.tolist())]
-            lens[skip:] = [len(p) // shards.dtype.itemsize for p in pieces]
+            empty = _EMPTY.view(shards.dtype)
+            pieces = [views[i] if ok else empty for i, ok in zip(at.tolist(), present.tolist())]
+            lens[skip:] = [len(p) for p in pieces]
         self._lay_out(Window(order, lens, shard, record, pieces, shards.dtype, skip, self.eos_id, cut=cut), skip)
         return True
 

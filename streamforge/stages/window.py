@@ -25,7 +25,7 @@ class Window:
         order: the emission order (indexes into ``shard``/``record``).
         lens: each document's tokens, in emission order (0 for the first ``skip``).
         shard, record: the window's records, in the order of its ranges.
-        pieces: the documents from position ``skip`` on, as byte views; None for a restore,
+        pieces: the documents from position ``skip`` on, as views in ``dtype``; None for a restore,
             which reads them as they are needed (``pending``).
         dtype: the token dtype.
         skip: documents handed on before a restore (laid out empty).
@@ -41,7 +41,7 @@ class Window:
         nothing = _EMPTY.view(dtype)
         # pieces None: a restore, every document laid out empty until its frame is read
         docs = [nothing] * (len(order) if pieces is None else skip) + (
-            [] if pieces is None else [p.view(dtype) for p in pieces]
+            [] if pieces is None else list(pieces)
         )
         self.eos = None
         if eos_id is None:

@@ -22,13 +22,12 @@ from ..errors import ShardCorruptError
 from ..format.reader import DocBatch
 
 
-def byte_views(docs: DocBatch) -> list[np.ndarray]:
-    """One uint8 view per document of ``docs``."""
+def doc_views(docs: DocBatch) -> list[np.ndarray]:
+    """One view per document of ``docs``, in its token dtype."""
     if docs.views is not None:
         return docs.views
-    src = docs.tokens.view(np.uint8)
-    size = docs.dtype.itemsize
-    bounds = (docs.offsets * size).tolist()
+    src = docs.tokens
+    bounds = docs.offsets.tolist()
     return [src[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
@@ -157,8 +156,8 @@ class Pending:
             docs = source.read(s, a, b)
             if len(docs) != b - a:
                 raise ShardCorruptError(f"{source.where(s, None, (a, b))}: {len(docs)} of {b - a} records read back")
-            views = byte_views(docs)
+            views = doc_views(docs)
             for e, r in zip(positions, records):
-                place(e, views[r - a].view(dtype))
+                place(e, views[r - a])
             self.next += 1
             self.ready = self._first_position()
