@@ -515,6 +515,9 @@ release:
     arr_release(&starts);
     arr_release(&lengths);
     arr_release(&tokens);
+    return result;
+}
+
 /* The size a ustar header at ``at`` of ``raw`` gives its member: -1 where no header fits
  * there or its size field (11 bytes from offset 124) is not octal digits. */
 static inline int64_t header_size(const unsigned char *raw, Py_ssize_t len, int64_t at)
