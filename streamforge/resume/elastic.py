@@ -251,27 +251,28 @@ def _deal(dataset, stream: int, ranges: list[Range], units: list[dict], n: int, 
     running sums of the parts' weights), taken off this stream's, so that the roundings of
     several streams do not add up on one worker."""
     planner = dataset.planner
-    r_tokens, r_docs = _record_sizes(planner, stream, ranges, eos)
+    r_tokens, r_docs = _record_sums(planner, stream, ranges, eos)
     u_tokens = np.array([int(u["tokens"]) for u in units], np.int64)
     u_docs = np.array([int(u["docs"]) for u in units], np.int64)
     u_cum = np.concatenate([[0], np.cumsum(u_docs if by_docs else u_tokens)])
-    whole = int(u_cum[-1]) + int((r_docs if by_docs else r_tokens).sum())
+    whole = int(u_cum[-1]) + int((r_docs if by_docs else r_tokens)[-1])
     targets = np.clip(whole * np.arange(1, n) / n - ahead, 0, whole)
     at = np.searchsorted(u_cum, targets, side="right") - 1
     split = sorted({int(j) for j, t in zip(at.tolist(), targets.tolist())
                     if j < len(units) and t > u_cum[j] and u_docs[j] > 1})
     # the items to cut between: a rest whole, or the documents of one a cut falls inside
     docs_of = dict(zip(split, units_doc_tokens(dataset, stream, [units[j] for j in split])))
-    tokens, docs, first = [], [], [0]
+    tokens, docs, first = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [0]
     for j in range(len(units)):
         each = docs_of.get(j)
         tokens.append(u_tokens[j : j + 1] if each is None else each)
         docs.append(u_docs[j : j + 1] if each is None else np.ones(len(each), np.int64))
         first.append(first[-1] + len(tokens[-1]))
-    tokens.append(r_tokens)
-    docs.append(r_docs)
     tokens, docs = np.concatenate(tokens).astype(np.int64), np.concatenate(docs).astype(np.int64)
     c_tokens, c_docs = np.concatenate([[0], np.cumsum(tokens)]), np.concatenate([[0], np.cumsum(docs)])
+    # then the ranges' records, their running sums carried on
+    c_tokens = np.concatenate([c_tokens, c_tokens[-1] + r_tokens[1:]])
+    c_docs = np.concatenate([c_docs, c_docs[-1] + r_docs[1:]])
     cum = c_docs if by_docs else c_tokens
     bounds = _bounds(cum, targets)
     starts = np.concatenate([[0], np.cumsum([b - a for _, a, b in ranges])]).astype(np.int64).tolist()
@@ -296,19 +297,26 @@ def _deal(dataset, stream: int, ranges: list[Range], units: list[dict], n: int, 
             past)
 
 
-def _record_sizes(planner, stream: int, ranges: list[Range], eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Each record's tokens (with EOS) and non-empty documents (0 or 1), ``ranges`` in order."""
+def _record_sums(planner, stream: int, ranges: list[Range], eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Running sums of the records' tokens (with EOS) and non-empty documents (0 or 1),
+    ``ranges`` in order: 0, then one after each record (from the ranges' index prefixes)."""
     if not ranges:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    # every range's running sums, one after another: differences within a range are its records'
+        return np.zeros(1, np.int64), np.zeros(1, np.int64)
     prefixes = [planner._prefix_of(stream, shard) for shard, _, _ in ranges]
-    t = np.concatenate([p[0][a : b + 1] for p, (_, a, b) in zip(prefixes, ranges)]).astype(np.int64)
-    d = np.concatenate([p[1][a : b + 1] for p, (_, a, b) in zip(prefixes, ranges)]).astype(np.int64)
-    inside = np.ones(len(t) - 1, bool)  # not the step from one range's end to the next's start
-    inside[np.cumsum([b - a + 1 for _, a, b in ranges])[:-1] - 1] = False
-    docs = np.diff(d)[inside]
-    tokens = np.diff(t)[inside] + (docs if eos else 0)
-    return tokens, docs
+    tokens = np.concatenate([p[0][a : b + 1] for p, (_, a, b) in zip(prefixes, ranges)]).astype(np.int64)
+    docs = np.concatenate([p[1][a : b + 1] for p, (_, a, b) in zip(prefixes, ranges)]).astype(np.int64)
+    if eos:
+        tokens += docs
+    sizes = np.array([b - a + 1 for _, a, b in ranges], np.int64)  # a range's prefix values
+    firsts = np.cumsum(sizes) - sizes
+    after = np.ones(len(tokens), bool)  # a value after a record, not a range's first
+    after[firsts] = False
+    out = []
+    for prefix in (tokens, docs):
+        held = prefix[firsts + sizes - 1] - prefix[firsts]  # each range's
+        shift = prefix[firsts] - (np.cumsum(held) - held)  # its prefix less the ranges' before it
+        out.append(np.concatenate([[0], (prefix - np.repeat(shift, sizes))[after]]))
+    return out[0], out[1]
 
 
 def _bounds(cum: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -356,9 +364,15 @@ def remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: in
                    first_step: int) -> PassPlan:
     """The plan of the rest of pass ``work["pass"]`` on this topology (steps equal on every
     rank: every rank computes it from the same saved state)."""
-    n = world_size * workers_per_rank
     with _no_cycle_collection():
-        assigned = assign_work(dataset, work, n)
+        return _remaining_plan(dataset, work, world_size=world_size, workers_per_rank=workers_per_rank,
+                               batch_size=batch_size, first_step=first_step)
+
+
+def _remaining_plan(dataset, work: Work, *, world_size: int, workers_per_rank: int,
+                    batch_size: int | StepSchedule, first_step: int) -> PassPlan:
+    n = world_size * workers_per_rank
+    assigned = assign_work(dataset, work, n)
     cfg = dataset.config
     tokens = sum(a[2] for a in assigned).tolist()
     docs = sum(a[3] for a in assigned).tolist()
@@ -384,7 +398,7 @@ def work_tokens(dataset, work: Work) -> list[int]:
     out = []
     for i, stream_work in enumerate(work["streams"]):
         eos = dataset.eos_appended[i]
-        t, d = dataset.planner.totals(i, [tuple(r) for r in stream_work["ranges"]])
+        t, d = dataset.planner.totals(i, stream_work["ranges"])
         total = t + (d if eos else 0)
         total += sum(int(u["tokens"]) for u in stream_work.get("windows", []))
         out.append(total)

@@ -186,8 +186,9 @@ def units_doc_tokens(dataset, stream: int, units: list[dict]) -> list[np.ndarray
     def batchable(unit: dict) -> bool:
         if unit.get("trims") or hasattr(source, "pieces") or getattr(source, "on_error", None) == "skip":
             return False
-        stop = unit.get("stop")
-        if int(unit["pos"]) < 0 or (stop is not None and int(stop) < 0) or not 0 <= int(unit["key"]) < 2**64:
+        stop = int(unit.get("stop", 0))
+        if not (0 <= int(unit["pos"]) < 2**62 and 0 <= stop < 2**62 and abs(int(unit["offset"])) < 2**62
+                and 0 <= int(unit["key"]) < 2**64):
             return False
         for s, a, b in unit["ranges"]:
             s, a, b = int(s), int(a), int(b)
@@ -206,7 +207,7 @@ def units_doc_tokens(dataset, stream: int, units: list[dict]) -> list[np.ndarray
     for j, unit in enumerate(units):
         if out[j] is None:
             out[j] = unit_doc_tokens(dataset, stream, unit)
-        else:
+        elif len(out[j]) != int(unit["docs"]) or (len(out[j]) and out[j][0] <= 0):
             _check_rest(dataset, stream, unit, out[j])
     return out
 
@@ -232,6 +233,9 @@ def _batch_doc_tokens(units: list[dict], lengths_of: dict, eos: bool, where: lis
     keyed &= ~low
     keyed |= lengths.astype(np.uint64)
     widths = np.array([max(int(x) - 1, 0).bit_length() for x in n.tolist()], np.int64)
+    poss = np.array([int(u["pos"]) for u in units], np.int64)
+    stops = np.array([int(u.get("stop", 2**62)) for u in units], np.int64)  # no stop: the window's end
+    offsets = np.array([int(u["offset"]) for u in units], np.int64)
     for width in np.unique(1 << widths).tolist():  # rows of up to ``width`` documents, a few MB at a time
         group = np.flatnonzero(1 << widths == width)
         for rows in np.array_split(group, -(-len(group) * width // _BATCH_CELLS)):
@@ -243,16 +247,17 @@ def _batch_doc_tokens(units: list[dict], lengths_of: dict, eos: bool, where: lis
             table.sort(axis=1)
             high = table >> np.uint64(bits)
             tied = ((high[:, 1:] == high[:, :-1]) & real[:, 1:]).any(axis=1)
-            for k, (i, size, bad) in enumerate(zip(rows.tolist(), cnt.tolist(), tied.tolist())):
-                if bad:
-                    continue
-                unit = units[i]
-                stop = unit.get("stop")
-                hi = size if stop is None else min(int(stop), size)
-                tokens = (table[k, min(int(unit["pos"]), hi):hi] & low).astype(np.int64)
-                if len(tokens):
-                    tokens[0] -= int(unit["offset"])
-                out[where[i]] = tokens
+            # each rest's documents: its window's order from pos to stop, the first less offset
+            hi = np.minimum(stops[rows], cnt)
+            lo = np.minimum(poss[rows], hi)
+            size = np.where(tied, 0, hi - lo)
+            cells = np.arange(width)
+            took = (table[(cells >= lo[:, None]) & (cells < (lo + size)[:, None])] & low).astype(np.int64)
+            ends = np.cumsum(size)
+            took[(ends - size)[size > 0]] -= offsets[rows][size > 0]
+            for i, tokens, bad in zip(rows.tolist(), np.split(took, ends[:-1]), tied.tolist()):
+                if not bad:
+                    out[where[i]] = tokens
 
 
 _BATCH_CELLS = 1 << 20  # documents (with padding) ordered at once by ``_batch_doc_tokens``
