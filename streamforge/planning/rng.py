@@ -31,6 +31,25 @@ def splitmix64(counters: np.ndarray, key: int) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def splitmix64_keys(counters: np.ndarray, keys) -> np.ndarray:
+    """``splitmix64`` with a key per counter (``keys``: uint64, one per counter or one for
+    all): the hashes of several permutations' counters at once."""
+    with np.errstate(over="ignore"):  # as splitmix64 computes it, in place
+        z = counters.astype(np.uint64)
+        z += np.uint64(1)
+        z *= _GOLDEN
+        z += keys
+        shifted = z >> np.uint64(30)
+        z ^= shifted
+        z *= _M1
+        np.right_shift(z, np.uint64(27), out=shifted)
+        z ^= shifted
+        z *= _M2
+        np.right_shift(z, np.uint64(31), out=shifted)
+        z ^= shifted
+        return z
+
+
 def permutation(n: int, key: int) -> np.ndarray:
     """A uniformly random permutation of ``range(n)`` determined by ``key``."""
     return np.argsort(splitmix64(np.arange(n, dtype=np.uint64), key), kind="stable")
