@@ -36,6 +36,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -204,10 +205,9 @@ def main(argv=None) -> None:
         trees["this"], head = extract(args.this, os.path.join(ROOT, "bench-out", "against"))
         dirty = False
     this_name = f"{head}{' + working tree' if dirty else ''}"
-    command = f"python tools/bench_against.py --rev {args.rev}{f' --this {args.this}' if args.this else ''}"
+    command = "python tools/bench_against.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])  # as run
     packings = {"this": args.packing, "other": args.other_packing or args.packing}
     if args.packing or args.other_packing:
-        command += f" --packing {packings['this'] or 'concat'} --other-packing {packings['other'] or 'concat'}"
         this_name += f", packing={packings['this'] or 'concat'}"
     if args.resume:
         return resume_report(args, trees, meta, sha, this_name, command)
@@ -271,7 +271,7 @@ def resume_report(args, trees: dict, meta: dict, sha: str, this_name: str, comma
     workers = args.workers[-1]
     at, got = resumes(trees, meta["url"], workers, args.positions, args.repeats)
     report(args, f"## Resume: this tree against `{sha}` (`tools/bench_against.py --resume`)",
-           f"{setting(command + f' --resume --workers {workers}', meta)}, batches of 8x2048, {workers} workers. "
+           f"{setting(command, meta)}, batches of 8x2048, {workers} workers. "
            "States saved by this tree's loader; each resume in a fresh process: building the loader, "
            f"`load_state_dict` and the first batch; trees alternated; medians of {args.repeats}, in ms "
            "(build / load / first batch).",
