@@ -7,6 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from helpers.storage import config, read_all, same, tokens_of, write_corpus
 from streamforge.errors import ConfigError, ManifestError
@@ -151,7 +152,7 @@ def test_read_ahead_defaults_follow_the_backend(corpus, docs):
     assert source.fetcher.local is local
     assert same(tokens_of(read_all(source)), docs)
     pf = source._readahead.prefetcher
-    assert (pf.budget, pf.threads) == ((8 << 20, 1) if local else (64 << 20, 4))
+    assert (pf.budget, pf.threads) == ((32 << 20, 1) if local else (64 << 20, 4))  # read in this process
     source.close()
     assert StorageConfig(prefetch_bytes=1 << 20, prefetch_threads=3).read_ahead(local) == (1 << 20, 3)
     assert StorageConfig(prefetch_bytes=0).read_ahead(local)[0] == 0
@@ -178,3 +179,19 @@ def test_one_filesystem_per_process_and_options(s3_server, tmp_path):
     assert open_url("s3://bucket/web", other, policy)[0] is not a
     local, path = open_url(f"file://{tmp_path}/web")
     assert path == f"{tmp_path}/web" and open_url(str(tmp_path))[0] is local
+
+
+class _ReadAheadIn(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield StorageConfig().read_ahead(True), StorageConfig().read_ahead(False)
+
+
+def test_local_read_ahead_defaults_to_less_in_a_dataloader_worker():
+    """In the training process (0 workers) a local stream reads 32 MiB ahead: its reader also
+    builds the batch contract, and waits for frames a smaller budget leaves undecoded; a
+    DataLoader worker reads 8 MiB ahead, which buys it as much (docs/storage.md)."""
+    assert StorageConfig().read_ahead(True) == (32 << 20, 1)
+    loader = torch.utils.data.DataLoader(_ReadAheadIn(), batch_size=None, num_workers=1)
+    (local, remote), = list(loader)
+    assert tuple(local) == (8 << 20, 1) and tuple(remote) == (64 << 20, 4)
+    assert StorageConfig(prefetch_bytes=4 << 20).read_ahead(True)[0] == 4 << 20
