@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers.pipeline import dataset, make_corpus
+from helpers.pipeline import dataset, make_corpus, run_pieces
 from streamforge import ConfigError, Manifest, ResumeMismatchError, merge_states, unpack_state
 
 
@@ -30,18 +30,7 @@ def _loaders(corpus, world, workers, batch, **kwargs):
 
 def _run(loaders, steps=None):
     """Iterate every rank to ``steps`` (default: the end of the pass); the delivered pieces."""
-    pieces = []
-    for loader in loaders:
-        it = iter(loader)
-        while steps is None or loader.step < steps:
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            seg = batch["segments"].reshape(-1, 5)
-            pieces.append(seg[seg[:, 0] >= 0].numpy())
-        it.close()
-    return pieces
+    return run_pieces(loaders, steps)
 
 
 def _coverage(corpus, pieces):

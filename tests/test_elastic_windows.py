@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.pipeline import dataset, delivered_spans, make_corpus
+from helpers.pipeline import dataset, delivered_spans, make_corpus, run_pieces
 from streamforge import StreamingLoader, merge_states, unpack_state
 
 SMALL = (("web", 60, 40), ("code", 20, 120))  # 80 documents
@@ -26,18 +26,7 @@ def _loaders(corpus, world, batch=2, **kwargs):
 
 def _run(loaders, steps=None):
     """Every rank iterated to ``steps`` (default: the end of the pass); the pieces delivered."""
-    pieces = []
-    for loader in loaders:
-        it = iter(loader)
-        while steps is None or loader.step < steps:
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
-            seg = batch["segments"].reshape(-1, 5)
-            pieces += [tuple(row) for row in seg[seg[:, 0] >= 0].tolist()]
-        it.close()
-    return pieces
+    return [tuple(row) for block in run_pieces(loaders, steps) for row in block.tolist()]
 
 
 def _resumed(corpus, save, world, first=1, **kwargs):
@@ -52,6 +41,24 @@ def _resumed(corpus, save, world, first=1, **kwargs):
         assert ld.resume_report.mode == "elastic" and ld.step == save
     plan = then[0].plan()
     return before + _run(then), plan, first[0].plan()
+
+
+def _again_then_elastic(corpus, loaders, step, **kwargs):
+    """The two ranks of ``loaders``, at ``step`` of a pass they resumed elastically, saved:
+    the state resumes exactly on two ranks (the same batches as ``loaders`` go on to give) and
+    elastically on three. The pieces the three deliver to the pass's end, and their plan."""
+    state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in loaders])))
+    want = _run(loaders)
+    again = _loaders(corpus, 2, **kwargs)
+    for ld in again:
+        ld.load_state_dict(state, strict=True)
+        assert ld.resume_report.mode == "exact"
+    assert _run(again) == want
+    third = _loaders(corpus, 3, **kwargs)
+    for ld in third:
+        ld.load_state_dict(state)
+        assert ld.resume_report.mode == "elastic" and ld.step == step
+    return _run(third), third[0].plan()
 
 
 def _missing(corpus, pieces, packing, seq_len=32):
@@ -131,20 +138,9 @@ def test_pieces_of_a_window_rest_resume_exactly_and_again_elastically(corpus):
     windows = [u for stream in second[0].plan().windows for worker in stream for u in worker]
     assert any("stop" in u for u in windows)  # a rest split between the two workers
     pieces += _run(second, 34)  # inside the pieces
-    state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in second])))
-    want = _run(second)
-    again = _loaders(corpus, 2, packing="pad")
-    for ld in again:
-        ld.load_state_dict(state, strict=True)
-        assert ld.resume_report.mode == "exact"
-    assert _run(again) == want
-    third = _loaders(corpus, 3, packing="pad")
-    for ld in third:
-        ld.load_state_dict(state)
-        assert ld.resume_report.mode == "elastic" and ld.step == 34
-    pieces += _run(third)
+    more, plan = _again_then_elastic(corpus, second, 34, packing="pad")
+    pieces += more
     _, docs = _missing(corpus, pieces, "pad")
-    plan = third[0].plan()
     assert plan.steps > 0 and 0 <= docs <= plan.num_global_workers * plan.batch_size
 
 
@@ -159,19 +155,9 @@ def test_parts_of_documents_dealt_by_token_cuts_resume_again(corpus):
     windows = [u for stream in second[0].plan().windows for worker in stream for u in worker]
     assert any("trims" in u for u in windows)  # a document's parts on both workers
     pieces += _run(second, 115)
-    state = json.loads(json.dumps(merge_states([ld.state_dict() for ld in second])))
-    want = _run(second)
-    again = _loaders(corpus, 2, **kwargs)
-    for ld in again:
-        ld.load_state_dict(state, strict=True)
-    assert _run(again) == want
-    third = _loaders(corpus, 3, **kwargs)
-    for ld in third:
-        ld.load_state_dict(state)
-        assert ld.resume_report.mode == "elastic" and ld.step == 115
-    pieces += _run(third)
+    more, plan = _again_then_elastic(corpus, second, 115, **kwargs)
+    pieces += more
     tokens, _ = _missing(corpus, pieces, "concat")
-    plan = third[0].plan()
     assert plan.steps > 0 and 0 <= tokens <= 2 * len(SMALL) * (2 + 3) + sum(first[0].plan().unassigned or ())
 
 

@@ -104,31 +104,21 @@ def measure(urls, args, steps: int) -> dict:
                                                 workers_per_rank=W, batch_size=loader.batch_sizes,
                                                 first_step=steps), args.repeats)
 
-    def change():
+    cursors = [{"step": steps, "rank": r, "workers": states[r]} for r in range(n - 1)]
+
+    def change(**given):
+        """Seconds of ``set_membership`` at ``steps`` into a fresh job, and its loader."""
         ld = build(urls, args)
         it = iter(ld)
         for _ in range(steps):
             next(it)
         t0 = time.perf_counter()
-        ld.set_membership(steps, n - 1)
+        ld.set_membership(steps, n - 1, **given)
         took = time.perf_counter() - t0
         it.close()
         return took, ld
 
-    cursors = [{"step": steps, "rank": r, "workers": states[r]} for r in range(n - 1)]
-
-    def change_given():
-        ld = build(urls, args)
-        it = iter(ld)
-        for _ in range(steps):
-            next(it)
-        t0 = time.perf_counter()
-        ld.set_membership(steps, n - 1, cursors=cursors)
-        took = time.perf_counter() - t0
-        it.close()
-        return took
-
-    t_given = statistics.median(change_given() for _ in range(args.repeats))
+    t_given = statistics.median(change(cursors=cursors)[0] for _ in range(args.repeats))
     changes = [change() for _ in range(args.repeats)]
     t_change = statistics.median(c[0] for c in changes)
     size = len(json.dumps(changes[-1][1].state_dict()))

@@ -345,6 +345,21 @@ done:
     return result;
 }
 
+/* Copies ``left`` tokens from ``src`` into the grid's first T columns from flat position
+ * ``at`` (rows wrap at T), and returns the position after them. */
+static inline Py_ssize_t copy_wrapped(char *grid, Py_ssize_t row_stride, Py_ssize_t itemsize, Py_ssize_t T,
+                                      Py_ssize_t at, const char *src, Py_ssize_t left)
+{
+    while (left > 0) {
+        Py_ssize_t row = at / T, col = at % T, n = T - col < left ? T - col : left;
+        memcpy(grid + row * row_stride + col * itemsize, src, n * itemsize);
+        src += n * itemsize;
+        left -= n;
+        at += n;
+    }
+    return at;
+}
+
 static PyObject *core_fill_rows(PyObject *self, PyObject *args)
 {
     PyObject *o_parts, *o_tokens, *seq = NULL, *result = NULL;
@@ -408,15 +423,7 @@ static PyObject *core_fill_rows(PyObject *self, PyObject *args)
         char *grid = tokens.view.buf;
         at = offset;
         for (k = 0; k < nparts; k++) {
-            const char *src = views[k].buf;
-            Py_ssize_t left = views[k].shape[0];
-            while (left > 0) {  /* cut at row ends */
-                Py_ssize_t row = at / T, col = at % T, n = T - col < left ? T - col : left;
-                memcpy(grid + row * row_stride + col * itemsize, src, n * itemsize);
-                src += n * itemsize;
-                left -= n;
-                at += n;
-            }
+            at = copy_wrapped(grid, row_stride, itemsize, T, at, views[k].buf, views[k].shape[0]);
         }
     }
     Py_END_ALLOW_THREADS
@@ -493,15 +500,8 @@ static PyObject *core_fill_parts(PyObject *self, PyObject *args)
         const char *base = source.view.buf;
         at = offset;
         for (k = 0; k < nparts; k++) {
-            const char *src = base + arr_at(&starts, k) * itemsize;
-            Py_ssize_t left = (Py_ssize_t)arr_at(&lengths, k);
-            while (left > 0) {  /* cut at row ends */
-                Py_ssize_t row = at / T, col = at % T, n = T - col < left ? T - col : left;
-                memcpy(grid + row * row_stride + col * itemsize, src, n * itemsize);
-                src += n * itemsize;
-                left -= n;
-                at += n;
-            }
+            at = copy_wrapped(grid, row_stride, itemsize, T, at, base + arr_at(&starts, k) * itemsize,
+                              (Py_ssize_t)arr_at(&lengths, k));
         }
     }
     Py_END_ALLOW_THREADS

@@ -67,6 +67,24 @@ def loader(ds, **kwargs):
     return StreamingLoader(ds, **kwargs)
 
 
+def run_pieces(loaders, steps=None) -> list:
+    """Every rank of ``loaders`` (provenance on) iterated to global step ``steps`` (default:
+    the end of the pass), in turn: per batch, the array of its pieces' rows ``(stream, shard,
+    record, token_start, length)``."""
+    pieces = []
+    for ld in loaders:
+        it = iter(ld)
+        while steps is None or ld.step < steps:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            seg = batch["segments"].reshape(-1, 5)
+            pieces.append(seg[seg[:, 0] >= 0].numpy())
+        it.close()
+    return pieces
+
+
 def delivered_spans(pieces) -> dict[tuple, list[tuple[int, int]]]:
     """``(stream, shard, record) -> [(start, stop), ...]`` (sorted) of ``pieces``, rows of
     ``(stream, shard, record, token_start, length)``; asserts that no token comes twice."""
