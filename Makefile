@@ -75,10 +75,10 @@ test-torchtitan: $(TT_VENV)/.installed
 # venv of its own: mosaicml-streaming pins google-cloud-storage below what gcsfs (a test
 # extra) needs, so the two extras cannot share one environment.
 BENCH_VENV ?= .venv-bench
-$(BENCH_VENV)/.installed: pyproject.toml constraints.txt
+$(BENCH_VENV)/.installed: pyproject.toml constraints-bench.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints.txt torch
-	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints.txt -e '.[bench]'
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints-bench.txt torch torchvision
+	$(BENCH_VENV)/bin/python -m pip install $(PIP_FLAGS) -c constraints-bench.txt -e '.[bench]'
 	touch $@
 
 venv-bench: $(BENCH_VENV)/.installed

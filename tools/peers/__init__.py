@@ -2,7 +2,7 @@
 
 - ``settings``: the fixed figures of the comparison (corpus, block, batch, systems, their names).
 - ``corpus``: the synthetic corpus as one flat file, and each system's copy written by its own writer.
-- ``workarounds``: what a peer needs to run here at all (a torchvision stand-in, LitData's index check).
+- ``workarounds``: what a peer needs to run here at all (LitData's index check; the torch pin of the peers' venv).
 - ``loaders``: one function per system that builds its loader, and ``Case`` around it.
 - ``loaders_grain``: Grain as torchtitan builds it, its ArrayRecord writer and its adapter.
 - ``latency_proxy``: the proxy between the loaders and moto (time to first byte, per-connection

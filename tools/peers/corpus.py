@@ -12,7 +12,6 @@ import shutil
 import numpy as np
 
 from .settings import BLOCK, EOS, SHARD_MIB, VOCAB
-from .workarounds import install_torchvision_stub
 
 
 def corpus_params(num_tokens: int) -> dict:
@@ -116,7 +115,6 @@ def write_litdata(meta: dict, out: str, compression: str | None) -> None:
 
 
 def write_mosaic(meta: dict, out: str) -> None:
-    install_torchvision_stub()
     from streaming import MDSWriter
 
     with MDSWriter(out=out, columns={"tokens": "bytes"}, size_limit=SHARD_MIB * 2**20) as writer:

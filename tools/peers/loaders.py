@@ -11,7 +11,6 @@ import numpy as np
 
 from .loaders_grain import grain_loader
 from .settings import BATCH, BLOCK, CREDS, EQUAL, EQUAL_FIELDS, EQUAL_READ_AHEAD, EQUAL_SHUFFLE, SEQ_LEN
-from .workarounds import install_torchvision_stub
 
 
 def _blocks_to_int64(samples):
@@ -52,8 +51,6 @@ class Case:
         starts: every system's imports are left out alike."""
         import importlib
 
-        if self.system == "mosaic":
-            install_torchvision_stub()
         family = self.system.split("-")[0]
         for name in self.MODULES[family] + (self.S3_MODULES[family] if self.s3 else []):
             importlib.import_module(name)
@@ -130,7 +127,6 @@ def litdata_loader(case: Case):
 
 def mosaic_loader(case: Case):
     """MosaicML Streaming's ``StreamingDataset`` of MDS samples, shuffled."""
-    install_torchvision_stub()
     from streaming import StreamingDataLoader, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 

@@ -17,7 +17,7 @@ from .workarounds import litdata_index_mismatch
 
 def package_versions() -> dict[str, str]:
     out = {}
-    for name in ("streamforge", "torch", "numpy", "zstandard", "grain", "array-record", "litdata", "obstore",
+    for name in ("streamforge", "torch", "torchvision", "numpy", "zstandard", "grain", "array-record", "litdata", "obstore",
                  "mosaicml-streaming", "webdataset", "torchdata", "moto", "psutil"):
         try:
             out[name] = importlib.metadata.version(name)

@@ -1,45 +1,13 @@
-"""What the peers need to run here at all, confined to the benchmark's own processes: a stand-in
-torchvision for MosaicML Streaming, and the check that LitData can read its zstd chunks from S3;
+"""What the peers need to run here at all, confined to the benchmark's own processes: the check
+that LitData can read its zstd chunks from S3;
 ``NOTES``, the report's list of every workaround (the code of the others is beside the loader
 it serves, in ``loaders.py`` and ``loaders_grain.py``)."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.metadata
 import json
 import os
-import sys
-import types
-
-
-def install_torchvision_stub() -> None:
-    """mosaicml-streaming imports torchvision at import time (``streaming.vision``), and the
-    registry's torchvision wheel does not load with this torch (``operator torchvision::nms
-    does not exist``). Text datasets never use it: give this process a stand-in module."""
-    if "torchvision" in sys.modules:
-        return
-    tv = types.ModuleType("torchvision")
-    datasets = types.ModuleType("torchvision.datasets")
-    transforms = types.ModuleType("torchvision.transforms")
-    functional = types.ModuleType("torchvision.transforms.functional")
-
-    class VisionDataset:  # never instantiated by a text dataset
-        def __init__(self, *args, **kwargs):
-            raise RuntimeError("torchvision is stubbed out in this benchmark")
-
-    def _missing(*args, **kwargs):
-        raise RuntimeError("torchvision is stubbed out in this benchmark")
-
-    datasets.VisionDataset = VisionDataset
-    datasets.CIFAR10 = datasets.ImageFolder = VisionDataset
-    functional.to_tensor = _missing
-    tv.datasets, tv.transforms, transforms.functional = datasets, transforms, functional
-    tv.__version__ = "0.0.0+stub"
-    for module in (tv, datasets, transforms, functional):  # find_spec() looks at these
-        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
-    sys.modules.update({"torchvision": tv, "torchvision.datasets": datasets,
-                        "torchvision.transforms": transforms, "torchvision.transforms.functional": functional})
 
 
 LITDATA_ZSTD_REMOTE = (
@@ -68,11 +36,12 @@ def litdata_index_mismatch(local: str) -> str | None:
 
 NOTES = (
     "**MosaicML Streaming** imports torchvision when it is imported (`streaming.vision`), and the "
-    "registry's torchvision wheel does not load with this torch (`RuntimeError: operator torchvision::nms "
-    "does not exist`). Each Mosaic process gets a stand-in `torchvision` module (`install_torchvision_stub`) "
-    "before importing `streaming`; text datasets never call into it. mosaicml-streaming also pins "
-    "`google-cloud-storage<3.3`, below what gcsfs (a test extra) needs: the peers live in their own "
-    "venv, `make venv-bench`.",
+    "registry's torchvision 0.28.0 does not load beside the CPU build of torch 2.13.0 that the library's "
+    "own environments pin (`RuntimeError: operator torchvision::nms does not exist`). The peers' venv "
+    "(`make venv-bench`, `constraints-bench.txt`) therefore pins torch 2.14.1 with torchvision 0.29.1, a "
+    "pair that loads together, and every system, streamforge included, runs on that torch. "
+    "mosaicml-streaming also pins `google-cloud-storage<3.3`, below what gcsfs (a test extra) needs, "
+    "another reason the peers live in their own venv.",
     "**LitData** downloads chunks with obstore, which refuses `http://` endpoints unless its client "
     "options say `allow_http`; LitData passes fixed client options (so obstore's `AWS_ALLOW_HTTP` "
     "variable is not read) and has no setting for it, so the LitData processes add `allow_http` to "
