@@ -197,6 +197,75 @@ def test_fill_parts_writes_the_spans_into_the_rows(rows, seq_len, dtype, spans, 
 
 
 @needs_core
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 4), seq_len=st.integers(1, 30), dtype=st.sampled_from(["<u2", "<u4"]),
+       docs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(1, 25)), min_size=1, max_size=8),
+       eos=st.sampled_from([-1, 7]), pos=st.integers(0, 9), offset=st.integers(0, 30), size=st.integers(0, 150),
+       filled=st.integers(0, 120), seed=st.integers(0, 1000))
+def test_fill_window_copies_the_documents_the_parts_hold(rows, seq_len, dtype, docs, eos, pos, offset, size, filled,
+                                                         seed):
+    """``fill_window`` writes what the run's parts (each document, then its EOS) laid end to
+    end hold, read straight from the frames; a run outside the window, a document outside its
+    frame or a grid too small is refused before anything is written."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    frames = [rng.integers(0, 60000, 70).astype(dtype).tobytes() for _ in range(3)]
+    frame = np.array([f for f, _, _ in docs], np.int64)
+    start = np.array([a * dtype.itemsize for _, a, _ in docs], np.int64)
+    length = np.array([n for _, _, n in docs], np.int64)
+    views = [np.frombuffer(frames[f], dtype)[a : a + n] for f, a, n in docs]
+    parts = [p for v in views for p in ((v, np.array([eos], dtype)) if eos >= 0 else (v,))]
+    stream = np.concatenate(parts)  # the window's tokens laid end to end
+    extents = length + (eos >= 0)
+    ends = np.cumsum(extents)
+    filled = min(filled, rows * seq_len)
+    grid = np.full((rows, seq_len + 1), 9, dtype)
+    args = (frames, frame, start, length, eos, pos, offset, size, grid, filled)
+    outside = (start + length * dtype.itemsize > 70 * dtype.itemsize).any()
+    begin = None if pos >= len(docs) or offset >= extents[pos] else int(ends[pos] - extents[pos]) + offset
+    if size and (begin is None or begin + size > len(stream) or outside) or filled + size > rows * seq_len:
+        with pytest.raises(ValueError, match="fill_window"):
+            COMPILED.fill_window(*args)
+        assert (grid == 9).all()
+        return
+    want = grid.copy()
+    flat = want[:, :seq_len].reshape(-1)  # a copy: written back below
+    if size:
+        flat[filled : filled + size] = stream[begin : begin + size]
+    want[:, :seq_len] = flat.reshape(rows, seq_len)
+    assert COMPILED.fill_window(*args) == size
+    assert np.array_equal(grid, want)
+
+
+@needs_core
+def test_fill_window_leaves_a_frame_without_a_buffer_to_the_parts():
+    grid = np.zeros((2, 5), np.uint16)
+    one = np.zeros(1, np.int64)
+    assert COMPILED.fill_window([object()], one, one, one + 2, -1, 0, 0, 2, grid, 0) is None
+    assert (grid == 0).all()
+
+
+@needs_core
+def test_a_window_read_whole_makes_no_object_per_document(tmp_path, monkeypatch):
+    """A one-stream concat pass on the compiled core copies its windows' documents straight from
+    the frames: no view per document is made (``Spans.views`` never runs), and the batches are
+    the numpy path's, which makes them."""
+    from streamforge.format.reader import Spans
+
+    rng = np.random.default_rng(3)
+    url = str(tmp_path / "s")
+    corpus = {"s": (url, write_stream(url, [rng.integers(0, 900, n).tolist() for n in rng.integers(1, 90, 300)]))}
+    with path(None):
+        want = [{k: v.clone() for k, v in b.items()} for b in loader(dataset(corpus), batch_size=4)]
+    monkeypatch.setattr(Spans, "views", lambda self, dtype: pytest.fail("a view per document was made"))
+    with path(COMPILED):
+        got = list(loader(dataset(corpus), batch_size=4))
+    assert len(got) == len(want) > 10
+    for a, b in zip(got, want):
+        assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+@needs_core
 def test_fill_parts_leaves_a_source_of_another_dtype_to_numpy():
     grid = np.zeros((2, 5), np.uint16)
     starts, lengths = np.array([0, 1]), np.array([1, 2])

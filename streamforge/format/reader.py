@@ -8,6 +8,7 @@ objects would dominate the cost.
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import numpy as np
@@ -20,28 +21,87 @@ from ..pipeline import core
 from .tar import member_mismatch, npy_header_size_fixed
 
 
+class Spans:
+    """Where each document of a ``DocBatch`` lies in the decoded frames it was read from: document
+    i is ``length[i]`` tokens from byte ``start[i]`` of ``frames[frame[i]]``. A window laid out
+    from spans copies its documents straight from the frames (``Window``, the compiled core's
+    ``fill_window``) without one Python object per document."""
+
+    __slots__ = ("frames", "frame", "start", "length")
+
+    def __init__(self, frames: list, frame: np.ndarray, start: np.ndarray, length: np.ndarray) -> None:
+        self.frames = frames  # decoded frames (bytes)
+        self.frame = frame  # int64: each document's frame, an index into ``frames``
+        self.start = start  # int64: its first byte in that frame
+        self.length = length  # int64: its tokens
+
+    def take(self, which: np.ndarray) -> Spans:
+        """The spans of documents ``which`` (an index array), in that order."""
+        return Spans(self.frames, self.frame[which], self.start[which], self.length[which])
+
+    def views(self, dtype: np.dtype) -> list[np.ndarray]:
+        """One view per document into its frame, in ``dtype``, no token copied. Where every
+        document starts at a multiple of the token size in its frame (the writer's layout),
+        each is one slice of its frame seen as tokens; otherwise a slice of its bytes, then
+        seen as tokens."""
+        itemsize = dtype.itemsize
+        # per-document numbers as lists: a numpy operation over thousands of documents lets go
+        # of the GIL, and the read-ahead thread may then hold it for a switch interval
+        frame_of, byte_offsets, counts = self.frame.tolist(), self.start.tolist(), self.length.tolist()
+        if itemsize == 1 or not any(a % itemsize for a in byte_offsets):
+            frame_views = [np.frombuffer(f, dtype, len(f) // itemsize) for f in self.frames]
+            return [frame_views[fr][a // itemsize : a // itemsize + n] for fr, a, n in zip(frame_of, byte_offsets, counts)]
+        frame_views = [np.frombuffer(f, np.uint8) for f in self.frames]
+        return [frame_views[fr][a : a + n * itemsize].view(dtype) for fr, a, n in zip(frame_of, byte_offsets, counts)]
+
+    def token(self, i: int, offset: int, dtype: np.dtype) -> int:
+        """Token ``offset`` of document ``i``."""
+        frame, at = self.frames[self.frame[i]], int(self.start[i]) + offset * dtype.itemsize
+        if dtype.kind == "u":  # a few bytes: cheaper than a numpy view
+            native = dtype.byteorder in "=|"
+            order = sys.byteorder if native else ("big" if dtype.byteorder == ">" else "little")
+            return int.from_bytes(frame[at : at + dtype.itemsize], order)
+        return int(np.frombuffer(frame, dtype, 1, at)[0])
+
+    @staticmethod
+    def concat(spans: list[Spans]) -> Spans:
+        bases = np.cumsum([0] + [len(s.frames) for s in spans[:-1]])
+        return Spans([f for s in spans for f in s.frames],
+                      np.concatenate([s.frame + b for s, b in zip(spans, bases.tolist())]),
+                      np.concatenate([s.start for s in spans]), np.concatenate([s.length for s in spans]))
+
+
 class DocBatch:
     """Documents as one flat token array: document i is ``tokens[offsets[i]:offsets[i+1]]``.
 
-    A batch read from shards may instead hold ``views``: one view per document into the
-    decoded frames, in the token dtype, so a consumer that reorders documents (the shuffle)
-    copies each token once; ``tokens`` is then built on first use.
+    A batch read from shards instead holds ``spans``: where each document lies in the decoded
+    frames, so a consumer that reorders documents (the shuffle) copies each token once.
+    ``views`` (one view per document into the frames, in the token dtype) and ``tokens`` are
+    then built on first use.
     """
 
-    __slots__ = ("_tokens", "views", "dtype", "offsets", "shard", "record")
+    __slots__ = ("_tokens", "_views", "spans", "dtype", "offsets", "shard", "record")
 
-    def __init__(self, tokens, offsets, shard, record, *, views=None, dtype=None) -> None:
+    def __init__(self, tokens, offsets, shard, record, *, views=None, spans: Spans | None = None, dtype=None) -> None:
         self._tokens = tokens
-        self.views = views
+        self._views = views
+        self.spans = spans
         self.dtype = np.dtype(dtype) if dtype is not None else tokens.dtype
         self.offsets = offsets
         self.shard = shard
         self.record = record
 
     @property
+    def views(self) -> list[np.ndarray] | None:
+        if self._views is None and self.spans is not None:
+            self._views = self.spans.views(self.dtype)
+        return self._views
+
+    @property
     def tokens(self) -> np.ndarray:
         if self._tokens is None:
-            self._tokens = np.concatenate(self.views) if self.views else np.zeros(0, self.dtype)
+            views = self.views
+            self._tokens = np.concatenate(views) if views else np.zeros(0, self.dtype)
         return self._tokens
 
     def __len__(self) -> int:
@@ -67,6 +127,9 @@ class DocBatch:
         )
         shard = np.concatenate([b.shard for b in batches])
         record = np.concatenate([b.record for b in batches])
+        if all(b.spans is not None for b in batches):
+            spans = Spans.concat([b.spans for b in batches])
+            return DocBatch(None, offsets, shard, record, spans=spans, dtype=dtype)
         if all(b.views is not None for b in batches):
             views = [v for b in batches for v in b.views]
             return DocBatch(None, offsets, shard, record, views=views, dtype=dtype)
@@ -114,31 +177,18 @@ def gather(
     index: ShardIndex, frames: list[bytes], first_frame: int, shard: int, start: int, stop: int,
     dtype: np.dtype,
 ) -> DocBatch:
-    """Records ``start..stop-1`` of ``shard`` as views into its decoded frames ``first_frame..``:
-    one numpy view per record, in ``dtype``, no token copied. Where every record's tokens start
-    at a multiple of the token size in its frame (the writer's layout), each view is one slice
-    of its frame seen as tokens; otherwise a slice of its bytes, then seen as tokens."""
+    """Records ``start..stop-1`` of ``shard`` in its decoded frames ``first_frame..``: where
+    each one lies (``Spans``), no token copied and no object made per record (``views``, one
+    numpy view per record in ``dtype``, are made on first use)."""
     records = index.records[start:stop]
     lengths = records["num_tokens"].astype(np.int64)
-    itemsize = dtype.itemsize
-    # per-record numbers as lists: a numpy operation over thousands of records lets go of the
-    # GIL, and the read-ahead thread may then hold it for a switch interval (milliseconds)
-    frame_of = (index.frame_of_record(np.arange(start, stop)) - first_frame).tolist()
-    byte_offsets = records["token_offset"].tolist()
-    counts = lengths.tolist()
-    if itemsize == 1 or not any(a % itemsize for a in byte_offsets):
-        frame_views = [np.frombuffer(f, dtype, len(f) // itemsize) for f in frames]
-        views = [frame_views[fr][a // itemsize : a // itemsize + n]
-                 for fr, a, n in zip(frame_of, byte_offsets, counts)]
-    else:
-        frame_views = [np.frombuffer(f, np.uint8) for f in frames]
-        views = [frame_views[fr][a : a + n * itemsize].view(dtype)
-                 for fr, a, n in zip(frame_of, byte_offsets, counts)]
+    frame_of = index.frame_of_record(np.arange(start, stop)) - first_frame
+    spans = Spans(list(frames), frame_of.astype(np.int64, copy=False), records["token_offset"].astype(np.int64), lengths)
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return DocBatch(
         None, offsets, np.full(len(lengths), shard, np.int64),
-        np.arange(start, stop, dtype=np.int64), views=views, dtype=dtype,
+        np.arange(start, stop, dtype=np.int64), spans=spans, dtype=dtype,
     )
 
 

@@ -27,6 +27,17 @@
  *       where ``source`` is not a contiguous 1-D array of the grid's dtype; ValueError where
  *       a span lies outside ``source`` or the parts run past the grid.
  *
+ *   fill_window(frames, doc_frame, doc_start, doc_len, eos, pos, offset, size, tokens, filled)
+ *           -> int or None
+ *       As ``fill_rows`` with the parts read straight from a shuffle window's decoded frames
+ *       (stages/window.py): document d is ``doc_len[d]`` tokens from byte ``doc_start[d]`` of
+ *       ``frames[doc_frame[d]]``, followed by the token ``eos`` where eos >= 0. Writes the
+ *       ``size`` tokens of the documents laid end to end from token ``offset`` of document
+ *       ``pos`` on, into the grid from flat position ``filled``; returns the tokens written.
+ *       No object per document: one buffer per frame touched. None, having written nothing,
+ *       where a frame has no contiguous buffer; ValueError where a document lies outside its
+ *       frame, the run outside the window or past the grid.
+ *
  *   member_check(raw, token_offset, num_tokens, meta_offset, meta_size, head, itemsize)
  *           -> -1, (position, kind, expected, said) or None
  *       The tar check of a frame's records (format/tar.py, ``member_mismatch``): the first
@@ -441,6 +452,166 @@ release:
     return result;
 }
 
+/* The documents a window run copies lie anywhere in the window's decoded frames (megabytes,
+ * in a shuffled order): the first bytes of each are a cache and TLB miss. Asking for the next
+ * documents' first lines while one is copied overlaps those misses. */
+#define PREFETCH_DOCS 4
+#define PREFETCH_LINES 8
+
+static inline void prefetch_span(const char *src, Py_ssize_t nbytes)
+{
+    Py_ssize_t i;
+    for (i = 0; i < PREFETCH_LINES && i * 64 < nbytes; i++)
+        __builtin_prefetch(src + i * 64, 0, 0);
+}
+
+static PyObject *core_fill_window(PyObject *self, PyObject *args)
+{
+    PyObject *o_frames, *o_frame, *o_start, *o_len, *o_tokens, *seq = NULL, *result = NULL;
+    long long eos;
+    Py_ssize_t pos, offset, size, filled, nframes, ndocs, rows, T, itemsize, row_stride, left, skip, d, d_end, at;
+    Arr tokens = {0}, dframe = {0}, dstart = {0}, dlen = {0};
+    Py_buffer *fb = NULL;
+    char *held = NULL;
+    int ok, has_eos;
+    unsigned char eos_item[8];
+
+    if (!PyArg_ParseTuple(args, "OOOOLnnnOn:fill_window", &o_frames, &o_frame, &o_start, &o_len, &eos, &pos,
+                          &offset, &size, &o_tokens, &filled))
+        return NULL;
+    if ((ok = arr_get(o_tokens, &tokens, 2, 1)) <= 0 || (ok = arr_get(o_frame, &dframe, 1, 0)) <= 0 ||
+        (ok = arr_get(o_start, &dstart, 1, 0)) <= 0 || (ok = arr_get(o_len, &dlen, 1, 0)) <= 0) {
+        if (ok == 0)
+            PyErr_SetString(PyExc_TypeError, "fill_window: tokens must be a writable 2-D integer array and the "
+                                             "document columns 1-D integer arrays");
+        goto done;
+    }
+    rows = tokens.view.shape[0];
+    T = tokens.view.shape[1] - 1;
+    itemsize = tokens.size;
+    row_stride = tokens.view.strides[0];
+    ndocs = dframe.view.shape[0];
+    if (T < 1 || tokens.view.strides[1] != itemsize || filled < 0 || size < 0 || filled > rows * T ||
+        size > rows * T - filled) {
+        PyErr_Format(PyExc_ValueError, "fill_window: %zd tokens from position %zd do not fit the %zd of the grid",
+                     size, filled, rows * T);
+        goto done;
+    }
+    if (dstart.view.shape[0] != ndocs || dlen.view.shape[0] != ndocs) {
+        PyErr_SetString(PyExc_ValueError, "fill_window: the document columns differ in length");
+        goto done;
+    }
+    if ((seq = PySequence_Fast(o_frames, "fill_window: frames must be a sequence")) == NULL)
+        goto done;
+    nframes = PySequence_Fast_GET_SIZE(seq);
+    fb = PyMem_Calloc(nframes ? nframes : 1, sizeof(Py_buffer));
+    held = PyMem_Calloc(nframes ? nframes : 1, 1);
+    if (fb == NULL || held == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    has_eos = eos >= 0;
+    {   /* the token after each document, in the grid's item size (native order, as numpy's) */
+        uint64_t v = (uint64_t)eos;
+        uint32_t v4 = (uint32_t)v;
+        uint16_t v2 = (uint16_t)v;
+        uint8_t v1 = (uint8_t)v;
+        memcpy(eos_item, itemsize == 8 ? (void *)&v : itemsize == 4 ? (void *)&v4 : itemsize == 2 ? (void *)&v2
+                                                                                            : (void *)&v1,
+               (size_t)itemsize);
+    }
+    /* first the documents the run covers: their frames' buffers, every bound checked */
+    left = size;
+    skip = offset;
+    for (d = pos; left > 0; d++) {
+        int64_t f, st, n, extent, take;
+        if (d < 0 || d >= ndocs) {
+            PyErr_Format(PyExc_ValueError, "fill_window: %zd tokens from document %zd token %zd run past the "
+                         "window's %zd documents", size, pos, offset, ndocs);
+            goto done;
+        }
+        f = arr_at(&dframe, d);
+        st = arr_at(&dstart, d);
+        n = arr_at(&dlen, d);
+        if (f < 0 || f >= nframes || st < 0 || n < 0) {
+            PyErr_Format(PyExc_ValueError, "fill_window: document %zd names frame %lld of %zd, bytes from %lld, "
+                         "%lld tokens", d, (long long)f, nframes, (long long)st, (long long)n);
+            goto done;
+        }
+        if (!held[f]) {
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, f), &fb[f], PyBUF_C_CONTIGUOUS) < 0) {
+                if (!no_buffer())
+                    goto done;
+                PyErr_Clear();
+                result = Py_None;
+                goto done;
+            }
+            held[f] = 1;
+        }
+        if (n > (fb[f].len - st) / itemsize) {
+            PyErr_Format(PyExc_ValueError, "fill_window: document %zd (%lld tokens from byte %lld) lies outside "
+                         "frame %lld (%zd bytes)", d, (long long)n, (long long)st, (long long)f, fb[f].len);
+            goto done;
+        }
+        extent = n + has_eos;
+        if (skip >= extent) {
+            PyErr_Format(PyExc_ValueError, "fill_window: token %zd is outside document %zd (%lld tokens)", skip, d,
+                         (long long)extent);
+            goto done;
+        }
+        take = extent - skip < left ? extent - skip : left;
+        left -= take;
+        skip = 0;
+    }
+    d_end = d;
+    Py_BEGIN_ALLOW_THREADS
+    {
+        char *grid = tokens.view.buf;
+        at = filled;
+        left = size;
+        skip = offset;
+        for (d = pos; d < d_end && d < pos + PREFETCH_DOCS; d++)
+            prefetch_span((const char *)fb[arr_at(&dframe, d)].buf + arr_at(&dstart, d), arr_at(&dlen, d) * itemsize);
+        for (d = pos; left > 0; d++) {
+            Py_ssize_t f = (Py_ssize_t)arr_at(&dframe, d), n = (Py_ssize_t)arr_at(&dlen, d);
+            const char *src = (const char *)fb[f].buf + arr_at(&dstart, d);
+            if (d + PREFETCH_DOCS < d_end)
+                prefetch_span((const char *)fb[arr_at(&dframe, d + PREFETCH_DOCS)].buf +
+                                  arr_at(&dstart, d + PREFETCH_DOCS),
+                              arr_at(&dlen, d + PREFETCH_DOCS) * itemsize);
+            if (skip < n) {
+                Py_ssize_t m = n - skip < left ? n - skip : left;
+                at = copy_wrapped(grid, row_stride, itemsize, T, at, src + skip * itemsize, m);
+                left -= m;
+            }
+            if (left > 0 && has_eos) {
+                at = copy_wrapped(grid, row_stride, itemsize, T, at, (const char *)eos_item, 1);
+                left -= 1;
+            }
+            skip = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(at - filled);
+    goto release;
+
+done:
+    Py_XINCREF(result);
+release:
+    if (held != NULL)
+        for (d = 0; d < nframes; d++)
+            if (held[d])
+                PyBuffer_Release(&fb[d]);
+    PyMem_Free(fb);
+    PyMem_Free(held);
+    Py_XDECREF(seq);
+    arr_release(&tokens);
+    arr_release(&dframe);
+    arr_release(&dstart);
+    arr_release(&dlen);
+    return result;
+}
+
 static PyObject *core_fill_parts(PyObject *self, PyObject *args)
 {
     PyObject *o_source, *o_starts, *o_lengths, *o_tokens, *result = NULL;
@@ -606,6 +777,11 @@ static PyMethodDef core_methods[] = {
      "fill_parts(source, starts, lengths, tokens, offset) -> int | None\n\nAs fill_rows, the parts being the spans "
      "source[starts[k]:starts[k] + lengths[k]]; None (nothing written) where source is not a contiguous 1-D "
      "array of the grid's dtype."},
+    {"fill_window", core_fill_window, METH_VARARGS,
+     "fill_window(frames, doc_frame, doc_start, doc_len, eos, pos, offset, size, tokens, filled) -> int | None\n\n"
+     "As fill_rows, the parts being a shuffle window's documents read from its decoded frames (document d: "
+     "doc_len[d] tokens from byte doc_start[d] of frames[doc_frame[d]], then eos where eos >= 0), size tokens "
+     "from token offset of document pos on; None (nothing written) where a frame has no contiguous buffer."},
     {"member_check", core_member_check, METH_VARARGS,
      "member_check(raw, token_offset, num_tokens, meta_offset, meta_size, head, itemsize) -> int | tuple | None\n\n"
      "The first record of a frame whose tar member has another size than its index row gives, as "

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Iterator, Protocol
 import zstandard
 
 from ..format.frames import ShardIndex, decode_frame
+from ..errors import ShardCorruptError
+from ..format.reader import check_frame_records
 from ..storage.fetch import cut_frames
 from ..storage.pool import DaemonPool
 from ..storage.prefetch import FIRST_UNIT_BYTES, FetchUnit, Prefetcher, group_frames, ramp
@@ -29,6 +31,7 @@ class FrameSource(Protocol):
     """What the read-ahead needs of the source it reads for (``ShardSource``)."""
 
     manifest: Any
+    dtype: Any
     fetcher: Any
     config: Any
     cache: Any
@@ -319,9 +322,10 @@ class ReadAhead:
             last = (shard, end - 1)
 
     def _fetch_unit(self, unit: FetchUnit) -> list:
-        """Fetch a planned unit and decompress its frames on the fetch thread: zstd releases
-        the GIL, so decoding overlaps the reader's work even without worker processes. A frame
-        that fails to decode here is handed over compressed and fails again, with the reader's
+        """Fetch a planned unit, decompress its frames and check their records' tar headers on
+        the fetch thread: zstd releases the GIL, so decoding overlaps the reader's work even
+        without worker processes. A frame handed over decoded is checked; one that fails to
+        decode or the check here is handed over compressed and fails again, with the reader's
         error policy, in ``ShardSource._decode``."""
         source = self.source
         index = source.index(unit.shard)
@@ -337,10 +341,12 @@ class ReadAhead:
         # the compressed bytes are kept only where the reader still needs them (a running
         # sha256, a frame that failed here): each is a view of the whole request's buffer
         keep = source.config.verify == "sha256"
+        itemsize, where = source.dtype.itemsize, source.where(unit.shard)
         for f, (buf, from_cache) in zip(range(unit.first, unit.stop), got):
             try:
                 raw = decode_frame(codec, buf, int(index.frames["raw_size"][f]), decompressor)
-            except (zstandard.ZstdError, ValueError):
+                check_frame_records(index, f, raw, itemsize, where)
+            except (zstandard.ZstdError, ValueError, ShardCorruptError):
                 raw = None
             out.append((buf if keep or raw is None else None, from_cache, raw))
         return out

@@ -181,9 +181,9 @@ class BalancedPacker:
             if got is None:
                 break
             stream, run = got
-            if grid is None or core.ext.fill_rows(run.parts, grid, filled) is None:
+            if grid is None or run.copy_into_grid(core.ext, grid, filled) is None:
                 run.copy_into(flat[filled : filled + run.size])
-            run.parts = None
+            run.release()
             runs.append((filled, stream, run))
             filled += run.size
         if filled == 0:

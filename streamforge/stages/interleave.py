@@ -435,7 +435,7 @@ def _by_document(run: DocRun) -> list[list]:
     cut to one part (a cut before the EOS, or the EOS alone). So the first document has one
     part exactly when that part is the whole piece, each document in the middle two, and
     the last what is left."""
-    parts, lengths = run.parts, run.length
+    parts, lengths = run.take_parts(), run.length
     docs = len(lengths)
     if len(parts) == docs:
         return [[part] for part in parts]

@@ -219,7 +219,7 @@ class Packer:
         tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
 
         def place(run, filled: int) -> None:
-            if ext.fill_rows(run.parts, tokens, filled) != run.size:  # parts it does not take
+            if run.copy_into_grid(ext, tokens, filled) != run.size:  # parts it does not take
                 flat = np.empty(run.size, self.dtype)
                 run.copy_into(flat)
                 ext.fill_rows([flat], tokens, filled)
@@ -274,7 +274,7 @@ class Packer:
             place(run, filled)
             # its tokens are copied: let go of its frames, or a window that ends mid-batch
             # keeps a dozen of them alive while the next window is read
-            run.parts = None
+            run.release()
             runs.append((filled, stream, run))
             filled += run.size
         return runs, filled

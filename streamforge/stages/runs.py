@@ -26,6 +26,10 @@ class DocRun:
         length: each piece's tokens (an EOS counts to its document).
         done: the last piece ends its document.
         streams: each piece's stream, where a run mixes streams (else None).
+        span: where a run of one window lies in it, its parts being made only when asked
+            for (``take_parts``): ``(window, pos, docs, token_offset, first, stop, done)``;
+            the compiled core copies the tokens from the window's frames instead
+            (``copy_into_grid``).
     """
 
     parts: list
@@ -36,16 +40,39 @@ class DocRun:
     length: np.ndarray
     done: bool
     streams: np.ndarray | None = None
+    span: tuple | None = None
+
+    def take_parts(self) -> list:
+        """The parts, made from the window's frames where the run holds a ``span``."""
+        if self.parts is None and self.span is not None:
+            window, *where = self.span
+            self.parts = window.run_parts(*where)
+        return self.parts
+
+    def release(self) -> None:
+        """Let go of the run's frames (its tokens are copied)."""
+        self.parts = self.span = None
 
     def copy_into(self, out: np.ndarray) -> None:
         """Write the run's tokens into ``out`` (``size`` long): one copy of each token."""
-        if len(self.parts) == 1:
-            out[...] = self.parts[0]
-        elif self.parts:
-            np.concatenate(self.parts, out=out)
+        parts = self.take_parts()
+        if len(parts) == 1:
+            out[...] = parts[0]
+        elif parts:
+            np.concatenate(parts, out=out)
+
+    def copy_into_grid(self, ext, grid: np.ndarray, filled: int) -> int | None:
+        """Write the run's tokens into the [R, T+1] ``grid`` from flat position ``filled`` with
+        the compiled core ``ext`` (rows wrap); the tokens written, or None where the core
+        leaves the run to ``copy_into`` (nothing written)."""
+        if self.span is not None and self.parts is None:
+            window, pos, _, token_offset, _, _, _ = self.span
+            return window.fill(ext, pos, token_offset, self.size, grid, filled)
+        return ext.fill_rows(self.parts, grid, filled)
 
     @property
     def tokens(self) -> np.ndarray:
-        out = np.empty(self.size, self.parts[0].dtype if self.parts else np.uint16)
+        parts = self.take_parts()
+        out = np.empty(self.size, parts[0].dtype if parts else np.uint16)
         self.copy_into(out)
         return out

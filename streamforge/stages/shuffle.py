@@ -240,10 +240,16 @@ class ShuffleBuffer:
             docs = read_records(shards, shard[np.sort(wanted)], record[np.sort(wanted)], ranges)
             if reading:
                 reader.skip(len(record))
-        views = doc_views(docs)
         if skip == 0 and len(docs) == len(record):  # every record came back, in window order
+            if docs.spans is not None:  # no object per document (``Window``)
+                window = Window(order, lens, shard, record, None, shards.dtype, 0, self.eos_id, cut=cut,
+                                spans=docs.spans.take(wanted))
+                self._lay_out(window, skip)
+                return True
+            views = doc_views(docs)
             pieces = [views[i] for i in wanted.tolist()]
         else:
+            views = doc_views(docs)
             at, present = locate(docs.shard, docs.record, shard[wanted], record[wanted])
             # a record the source skipped as damaged (on_error="skip") is laid out empty
             empty = _EMPTY.view(shards.dtype)
@@ -287,8 +293,9 @@ class ShuffleBuffer:
     def peek_token(self) -> int:
         window = self._window
         window.ensure(self.pos + 1)
-        tokens = window.docs[self.pos]
-        return int(tokens[self.token_offset]) if self.token_offset < len(tokens) else self.eos_id
+        if self.token_offset < window.doc_tokens(self.pos):
+            return window.token(self.pos, self.token_offset)
+        return self.eos_id
 
     def take(self, n: int) -> tuple[np.ndarray, int, int, int, bool]:
         """Up to ``n`` tokens of the current document: (tokens, shard, record, token_start, done).

@@ -163,3 +163,32 @@ def test_an_index_past_the_end_of_a_local_file_fails_at_once(tiny):
     with pytest.raises(ShardCorruptError, match=rf"{manifest.shard_names[0]} index: shard is {size - 10} bytes"):
         source.index(0)
     assert source.fetcher.retries == 0
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_record_longer_than_its_index_says_is_refused_through_the_loader(tmp_path, read_ahead):
+    """The tar check of a frame runs where the frame is decoded: on the read-ahead's thread,
+    which hands a frame that fails it over undecoded, so the reader fails it again with its
+    error policy (raise: the error names the record; skip: the frame's records are left out,
+    the rest of the pass is read)."""
+    from streamforge import PackedTokenDataset, StorageConfig, StreamingLoader
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 1000, size=k) for k in (30, 100, 50)] + [rng.integers(0, 1000, 400) for _ in range(40)]
+    url = str(tmp_path / "long")
+    manifest = write_stream(url, docs, frame_size="2KiB")
+    _lengthen_a_record(url, manifest, 1)
+    prefetch = {} if read_ahead else {"prefetch_bytes": 0}
+
+    def one_pass(on_error):
+        ds = PackedTokenDataset(url, seq_len=64, seed=0, eos_id=0,
+                                storage=StorageConfig(on_error=on_error, **prefetch))
+        loader = StreamingLoader(ds, batch_size=2)
+        return loader, sum(int((b["doc_ids"] >= 0).sum()) for b in loader)
+
+    with pytest.raises(ShardCorruptError, match=r"frame 0 record 1: its \.npy member has a tar header"):
+        one_pass("raise")
+    loader, tokens = one_pass("skip")
+    skipped = loader.skipped()
+    assert len(skipped) == 1 and "frame 0 record 1: its .npy member" in str(skipped[0]), skipped
+    assert 0 < tokens <= sum(len(d) + 1 for d in docs[2:])  # frame 0 (records 0 and 1) left out
