@@ -76,3 +76,26 @@ def test_grain_in_the_peers_benchmark(tmp_path):
     for w in (0, 2):
         assert any(line.startswith(f"| {name} | {w} | loopback S3 | not runnable: Grain reads local paths only")
                    for line in rows), rows
+
+
+def test_a_case_s_peak_memory_ends_at_its_result_line():
+    """The harness samples a case's memory until the case reports: what its interpreter's
+    teardown touches after that (torch's CUDA build: about 110 MiB of library pages for 20 ms)
+    is not the case's, and a 50 ms sampler caught it or not by chance."""
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(TOOL))
+    from peers.harness import MARKER, watch
+
+    def peak(before: bool) -> int:
+        grow = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.4)"
+        lines = [grow, f"print({MARKER!r} + '{{}}', flush=True)", "time.sleep(0.3)"]
+        if not before:
+            lines = [lines[1], "time.sleep(0.2)", grow]
+        with tempfile.TemporaryFile("w+") as log:
+            proc = subprocess.Popen([sys.executable, "-c", "import time\n" + "\n".join(lines)], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            return watch(proc, log, timeout=30, every=0.02)
+
+    assert peak(before=True) > 256 << 20
+    assert peak(before=False) < 128 << 20

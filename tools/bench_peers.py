@@ -26,11 +26,12 @@ reported with the reason, never dropped.
    delivered over the seconds from building the loader to the end of the pass), time to
    first batch, CPU-seconds of the process tree (user + sys, the case process and its
    workers, the S3 server excluded) and peak RSS summed over the tree (sampled every 50 ms
-   by this process with psutil), with 0 and 2 workers, from local disk and from a moto S3
-   server this tool starts on 127.0.0.1 (and stops, by its pid), read through a proxy of its
-   own (``tools/peers/latency_proxy.py``, in another child, stopped the same way) that counts
-   requests and bytes (requests per GB read): ``s3`` adds nothing, ``s3-latency`` adds
-   ``--latency-ms`` before each response and caps each connection at ``--bandwidth-mbps``.
+   by this process with psutil, until the case prints its result), with 0 and 2 workers,
+   from local disk and from a moto S3 server this tool starts on 127.0.0.1 (and stops, by
+   its pid), read through a proxy of its own (``tools/peers/latency_proxy.py``, in another
+   child, stopped the same way) that counts requests and bytes (requests per GB read):
+   ``s3`` adds nothing, ``s3-latency`` adds ``--latency-ms`` before each response and caps
+   each connection at ``--bandwidth-mbps``.
    Three ceilings run from local disk: packing the flat ``np.memmap`` into the same blocks,
    building streamforge's full batch contract (all five tensors) from it in file order, and
    raw zstd decoding of streamforge's shards.

@@ -44,6 +44,8 @@ class FrameSource(Protocol):
 
 
 INDEXES_AHEAD = 64
+INDEX_THREADS = 4  # threads reading indexes (and a fresh plan's head) ahead, from an object store
+INDEX_THREADS_LOCAL = 1  # ... from local files
 HEAD_BYTES = 3 * FIRST_UNIT_BYTES  # a fresh start's first two units (``ramp``), read beside the index
 UNITS_IN_BUDGET = 4  # a fetch unit holds at most this fraction of the read-ahead budget
 _NEAR = 8  # planned ranges from the cursor on where a read looks first (``_plan_pos``)
@@ -267,9 +269,13 @@ class ReadAhead:
 
     def _pool(self) -> DaemonPool:
         if self._index_pool is None:
-            # the head read and three index reads side by side: a short first shard's window
-            # goes on into the next shard, whose index must not wait behind the head
-            self._index_pool = DaemonPool(4, "sf-index")
+            # remote: the head read and three index reads side by side (a short first shard's
+            # window goes on into the next shard, whose index must not wait behind the head).
+            # Local: no head read, and an index read is a pread of microseconds, so one thread
+            # keeps ahead of the reader; each more thread costs its own malloc arena, where
+            # the indexes it read live (about 1 MiB of resident memory a thread)
+            threads = INDEX_THREADS_LOCAL if self.source.fetcher.local else INDEX_THREADS
+            self._index_pool = DaemonPool(threads, "sf-index")
         return self._index_pool
 
     def take(self, shard: int, start: int, frames: list[int], index: ShardIndex) -> list:

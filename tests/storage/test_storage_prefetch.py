@@ -241,3 +241,33 @@ def test_a_waiting_reader_fetches_the_queued_units_of_its_read_itself(help_reade
     finally:
         gate.set()
         pf.close()
+
+
+def test_local_indexes_are_read_ahead_on_one_thread(tmp_path, rng):
+    """A local index read is a pread: one thread keeps ahead of the reader, where each more
+    one holds a malloc arena of its own (an object store's stream gets ``INDEX_THREADS``)."""
+    from helpers.pipeline import random_docs, write_stream
+
+    from streamforge.format.manifest import Manifest
+    from streamforge.source import ShardSource
+    from streamforge.source.readahead import INDEX_THREADS, INDEX_THREADS_LOCAL
+    from streamforge.storage.config import StorageConfig
+    from streamforge.storage.fetch import ByteFetcher
+
+    url = str(tmp_path / "s")
+    write_stream(url, random_docs(rng, 300, 400), shard_size="16KiB", frame_size="4KiB")
+    source = ShardSource(Manifest.load(url), ByteFetcher(url), config=StorageConfig(prefetch_bytes=64 << 10))
+    ranges = [(s, 0, int(n)) for s, n in enumerate(source.manifest.columns["num_records"])]
+    assert len(ranges) > 8  # more shards than a pool of INDEX_THREADS would need threads for
+    source.plan_reads(ranges)
+    for s, a, b in ranges:
+        source.read(s, a, b)
+    pool = source._readahead._index_pool
+    assert pool is not None and pool.threads == INDEX_THREADS_LOCAL == 1
+    assert len(pool._started) == 1
+    source.close()
+    # an object store's stream: the head read and the indexes side by side
+    source._readahead.source.fetcher.local = False
+    source._readahead._index_pool = None
+    assert source._readahead._pool().threads == INDEX_THREADS > 1
+    source._readahead.close()

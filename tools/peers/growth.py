@@ -179,7 +179,7 @@ def growth_section(g: dict, args, command: str) -> str:
         f"(shared), Python {platform.python_version()}. streamforge alone, 0 workers, local disk, one pass of "
         f"{BATCH}x{SEQ_LEN} full-contract batches over a {meta['tokens'] / M:.0f}M-token corpus (the peers "
         "comparison's generator), each point in a fresh process, medians of "
-        f"{args.growth_repeats}; peak RSS summed over the process tree (psutil, every 50 ms). Shard sizes are "
+        f"{args.growth_repeats}; peak RSS summed over the process tree (psutil, every 50 ms, up to the point's result). Shard sizes are "
         "`ShardWriter(shard_size=...)` (raw token bytes per shard); streams split the corpus round-robin, "
         "stream i weighing i + 1; the many-shards manifests hold one record per shard (64 tokens, more where "
         "the manifest is small, so that it holds a few batches) and only the first batch is taken.", "",
