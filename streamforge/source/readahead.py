@@ -36,6 +36,7 @@ class FrameSource(Protocol):
 
     def index(self, shard: int) -> ShardIndex: ...
     def has_index(self, shard: int) -> bool: ...
+    def early_head(self, shard: int) -> tuple[int, Future] | None: ...
     def where(self, shard: int, frame: Any = None, records: Any = None) -> str: ...
     def fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache: bool = True) -> Any: ...
 
@@ -173,25 +174,30 @@ class ReadAhead:
         for shard in shards:
             pool.submit(_quietly, source.index, shard)
 
-    def _head_target(self, plan: list[tuple[int, int, int]]) -> tuple[int, int, str, str, int] | None:
+    def _head_target(self, plan: list[tuple[int, int, int]]) -> tuple | None:
         """``(shard, stop, name, what, size)`` of the head read worth making for ``plan``: its
         first shard's first ``stop`` bytes, where that shard is remote, read from its first
-        record, its index not read yet and its first frame not cached; else None."""
+        record, its index not read yet and its first frame not cached (``head_stop``); else
+        None. A head read started early for this shard (``EarlyReads.start``) is taken
+        instead, as ``(shard, its Future)``, whether or not the index is in already."""
         source = self.source
         first = next(((s, a) for s, a, b in plan if b > a), None)
-        if first is None or first[1] != 0 or source.fetcher.local or source.has_index(first[0]):
+        if first is None or first[1] != 0:
             return None
         shard = first[0]
-        col = source.manifest.columns
-        stop = min(HEAD_BYTES, int(col["index_offset"][shard]))
-        name = source.manifest.shard_names[shard]
-        if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
-            return None  # the cache holds the first frame: no request to save
-        return shard, stop, name, f"{source.where(shard)} bytes 0..{stop}", int(col["bytes"][shard])
+        early = source.early_head(shard)
+        if early is not None:
+            return early
+        if source.has_index(shard):
+            return None
+        stop = head_stop(source, shard)
+        if stop is None:
+            return None
+        return shard, stop, source.manifest.shard_names[shard], *head_request(source, shard, stop)[1:]
 
     def _read_head(self, plan: list[tuple[int, int, int]]) -> None:
         """Start reading the first ``HEAD_BYTES`` of the plan's first shard beside its index
-        (``_head_target`` says when).
+        (``_head_target`` says when), or take the read started early for it.
 
         A fresh start's first batch otherwise waits for two round trips in a row: the index,
         then the frames it locates. A shard's first frame starts at byte 0, so the head holds
@@ -200,6 +206,9 @@ class ReadAhead:
         dropped at the first unit of its shard that does not fit."""
         target = self._head_target(plan)
         if target is None:
+            return
+        if isinstance(target[1], Future):  # started early (EarlyReads.start)
+            self._head = target
             return
         shard, stop, name, what, size = target
         read = self.source.fetcher.read
@@ -214,15 +223,24 @@ class ReadAhead:
         target = self._head_target(plan)
         if target is None:
             return
-        shard, stop, name, what, size = target
         source = self.source
-        indexing = threading.Thread(target=_quietly, args=(source.index, shard), name="sf-head-index", daemon=True)
-        indexing.start()
-        try:
-            blob = source.fetcher.read(name, 0, stop, what=what, file_size=size)
-        except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
-            blob = None
-        indexing.join()
+        if isinstance(target[1], Future):  # started early (EarlyReads.start): wait for both
+            shard = target[0]
+            _quietly(source.index, shard)
+            try:
+                blob = target[1].result()
+            except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
+                blob = None
+        else:
+            shard, stop, name, what, size = target
+            indexing = threading.Thread(target=_quietly, args=(source.index, shard), name="sf-head-index",
+                                        daemon=True)
+            indexing.start()
+            try:
+                blob = source.fetcher.read(name, 0, stop, what=what, file_size=size)
+            except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
+                blob = None
+            indexing.join()
         if blob is None or not source.has_index(shard):
             return
         index = source.index(shard)
@@ -375,6 +393,25 @@ class ReadAhead:
                 self._plan_cursor = j
                 return j
         return None
+
+
+def head_stop(source: FrameSource, shard: int) -> int | None:
+    """How many of shard ``shard``'s first bytes a head read asks for (``HEAD_BYTES``, at most
+    the shard's frames), or None where none is worth making: a local shard, a shard without
+    frames, or one whose first frame the cache holds."""
+    if source.fetcher.local:
+        return None
+    stop = min(HEAD_BYTES, int(source.manifest.columns["index_offset"][shard]))
+    name = source.manifest.shard_names[shard]
+    if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
+        return None  # the cache holds the first frame: no request to save
+    return stop
+
+
+def head_request(source: FrameSource, shard: int, stop: int) -> tuple[str, str, int]:
+    """``(name, what, file size)`` of the read of shard ``shard``'s first ``stop`` bytes."""
+    return (source.manifest.shard_names[shard], f"{source.where(shard)} bytes 0..{stop}",
+            int(source.manifest.columns["bytes"][shard]))
 
 
 def _held_bytes(item) -> int:
