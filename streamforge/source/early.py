@@ -26,7 +26,8 @@ class EarlyReads:
 
     def __init__(self, source: Any) -> None:
         self.source = source
-        self.heads: dict[int, tuple[int, Future]] = {}  # shard -> (shard, the read of its head)
+        # shard -> (shard, its head read, the bytes it asks for, the records it is sized for)
+        self.heads: dict[int, tuple[int, Future, int, int | None]] = {}
         self.indexes: set[int] = set()  # shards whose index is read (or being read) early
         self.threads: list[threading.Thread] = []
 
@@ -34,14 +35,15 @@ class EarlyReads:
     def started(self) -> bool:
         return bool(self.indexes or self.heads)
 
-    def start(self, shard: int) -> bool:
+    def start(self, shard: int, records: int | None = None) -> bool:
         """Start reading shard ``shard``'s record index and its first bytes (the head read,
-        ``readahead.head_stop``), each on a thread. False where no head read is worth making
-        (a local shard, its first frame cached, its index read already) or one is under way."""
+        sized for the first ``records`` records: ``readahead.head_stop``), each on a thread.
+        False where no head read is worth making (a local shard, its first frame cached, its
+        index read already) or one is under way."""
         source = self.source
         if shard in self.heads or source.has_index(shard):
             return False
-        stop = head_stop(source, shard)
+        stop = head_stop(source, shard, records)
         if stop is None:
             return False
         name, what, size = head_request(source, shard, stop)
@@ -60,7 +62,7 @@ class EarlyReads:
             except Exception:  # noqa: BLE001 - the reader's own index() raises it, with context
                 pass
 
-        self.heads[shard] = (shard, head)
+        self.heads[shard] = (shard, head, stop, records)
         self.indexes.add(shard)
         for target, label in ((read_index, "index"), (read_head, "head")):
             thread = threading.Thread(target=target, name=f"sf-early-{label}", daemon=True)
@@ -68,8 +70,9 @@ class EarlyReads:
             self.threads.append(thread)
         return True
 
-    def take_head(self, shard: int) -> tuple[int, Future] | None:
-        """``(shard, head read)`` of shard ``shard``, taken at most once; else None."""
+    def take_head(self, shard: int) -> tuple[int, Future, int, int | None] | None:
+        """``(shard, head read, bytes it asks for, records it is sized for)`` of shard
+        ``shard``, taken at most once; else None."""
         return self.heads.pop(shard, None)
 
     def settle(self) -> None:

@@ -171,8 +171,8 @@ class ShardSource:
             if sha256:
                 self._index_blobs[shard] = blob
 
-    def early_head(self, shard: int) -> tuple[int, Future] | None:
-        """``(shard, head read)`` started early for shard ``shard`` (``EarlyReads.start``),
+    def early_head(self, shard: int) -> tuple[int, Future, int, int | None] | None:
+        """``(shard, head read, bytes, records)`` started early for shard ``shard`` (``EarlyReads.start``),
         here or at the source this one adopted its indexes from, taken at most once; else None."""
         for source in (self, self._lender):
             got = None if source is None else source.early.take_head(shard)
