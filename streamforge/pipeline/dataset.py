@@ -247,8 +247,11 @@ class PackedTokenDataset(IterableDataset):
         worker processes are forked (``StreamingLoader._head_start``): keep the record indexes
         it read, which the workers then read no more (``keep_indexes``), and wait for the reads
         ``start_first_reads`` started, so that no thread of either is left running."""
+        sources = list(pipeline.sources)  # an evaluation pipeline drops its own at close
         pipeline.close()
-        self.keep_indexes(pipeline.sources)
+        for i, source in enumerate(sources):
+            if source is not None:  # an evaluation pipeline opens a stream's source once it reads it
+                self._index_source(i).adopt_indexes(source)
         for source in self._index_sources.values():
             source.early.settle()
 
