@@ -45,7 +45,7 @@ from . import collector, membership
 from .clock import Clock
 from .counters import Counters
 from .device import DeviceFeed, check_depth, default_device, taken
-from .passes import warn_before_pass, warn_empty_pass
+from .passes import pass_is_empty, warn_before_pass, warn_empty_pass
 from .stats import loader_stats
 from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
@@ -348,7 +348,7 @@ class StreamingLoader:
             self._head = None
         elif self.pass_over():
             self._end_pass()
-        if not self.infinite and not self.evaluation and clock.batch == 0 and self.plan(share=True).steps == 0:
+        if pass_is_empty(self):  # computes the plan, the first batch's first reads beside it
             warn_empty_pass(self)
         warn_before_pass(self)
         topology = self.dataset.topology
@@ -489,7 +489,7 @@ class StreamingLoader:
             self._head = WorkerBatch(logical, step, None, None, pipeline.stats(), pipeline.skipped())
             return WorkerBatch(logical, step, rows, pipeline.state_dict())
         finally:
-            pipeline.close()
+            self.dataset.close_head_start(pipeline)  # no thread of it left for the fork
 
     def _finish(self, rows: RowBatch) -> dict[str, torch.Tensor]:
         batch = expand(rows, boundary=self.boundary, provenance=self.provenance, fields=self.fields)

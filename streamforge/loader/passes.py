@@ -1,7 +1,7 @@
 """What the loader says about a pass before its first batch: a pass with no step, a finite
 pass that drops more than 1% of its tokens (``DropWarning``), a mixture it cannot honour
-(``mixture.py``), each naming what to change; and the pass's drop and padding figures
-``stats()`` reports.
+(``mixture.py``), each naming what to change; the pass's drop and padding figures
+``stats()`` reports; and the reads a fresh pass starts beside its plan (``pass_is_empty``).
 
 Kept apart from ``loader.py`` (a module under 500 lines); ``StreamingLoader.__iter__`` calls
 ``warn_empty_pass`` before an iteration that would yield no batch, and ``warn_before_pass``
@@ -66,3 +66,17 @@ def warn_before_pass(loader: Any) -> None:
                 "and delivers every token, or use infinite=True",
                 DropWarning, stacklevel=4,
             )
+
+
+def pass_is_empty(loader: Any) -> bool:
+    """Whether the loader is at the start of a finite pass that has no step (its plan is
+    computed here, the ranks together). Before the plan, at the start of a pass from its
+    first record (no state loaded, nothing handed out yet), on the rank whose first batch
+    global worker 0 builds, the reads that batch starts with go out
+    (``PackedTokenDataset.start_first_reads``): beside the plan's index reads, not after."""
+    clock, dataset = loader.clock, loader.dataset
+    if not (loader.evaluation or clock.batch != 0 or clock.rest is not None or dataset.rank != 0
+            or any(state is not None for state in clock.worker_states)
+            or (loader.shares_reads and dataset.topology.replica > 0)):
+        dataset.start_first_reads(clock.pass_idx)
+    return not loader.infinite and not loader.evaluation and clock.batch == 0 and loader.plan(share=True).steps == 0

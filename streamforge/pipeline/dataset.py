@@ -42,6 +42,7 @@ from .config import (  # noqa: F401 - re-exported: the dataset's settings are im
     _PACKING, _SHUFFLE, _settings, scheduled, whole,
 )
 from ..stages.balance import balanced_target
+from ..stages.window_order import window_size
 from .foreign import refuse_foreign_sharding
 from .repeats import check_readings, describe_readings, resolve_repeats
 from .worker import WorkerPipeline  # noqa: F401 - re-exported
@@ -217,6 +218,42 @@ class PackedTokenDataset(IterableDataset):
         have read, for the sources opened after them in this process."""
         for i, source in enumerate(sources):
             self._index_source(i).adopt_indexes(source)
+
+    def start_first_reads(self, pass_idx: int) -> None:
+        """Start reading, in the background, what global worker 0's first batch of pass
+        ``pass_idx`` reads first: the record index and the first bytes of each stream's first
+        shard in the pass's order, the head sized for the pass's first shuffle window
+        (``EarlyReads.start``), through the sources the planner
+        reads indexes with (``source/early.py``), so that the pipeline opened in this process
+        after the plan takes them (``open_source``) instead of asking for them once the plan
+        is done. That worker starts at record 0 of the pass's first shard with records,
+        whatever the number of workers: the reads go out beside the plan's own index reads
+        (the shards other workers' cuts fall in). Streams read as several readings
+        (``upsample``) or cut at token positions are left to their pipelines.
+        ``close_head_start`` waits for the reads."""
+        if self.config.cuts != "records" or self.evaluation:
+            return
+        window = window_size(self.config.shuffle_buffer, self.config.shuffle_warmup, 0)  # the first read
+        for stream in range(len(self.streams)):
+            if self.repeats[stream] != 1.0:
+                continue
+            layout = self.planner.layout(stream, pass_idx, 1)  # the shard order does not depend on the workers
+            nonempty = np.flatnonzero(layout.rec > 0)
+            if len(nonempty):
+                self._index_source(stream).early.start(int(layout.order[nonempty[0]]), window)
+
+    def close_head_start(self, pipeline: WorkerPipeline) -> None:
+        """Close the pipeline that built an iteration's first batch in this process before its
+        worker processes are forked (``StreamingLoader._head_start``): keep the record indexes
+        it read, which the workers then read no more (``keep_indexes``), and wait for the reads
+        ``start_first_reads`` started, so that no thread of either is left running."""
+        sources = list(pipeline.sources)  # an evaluation pipeline drops its own at close
+        pipeline.close()
+        for i, source in enumerate(sources):
+            if source is not None:  # an evaluation pipeline opens a stream's source once it reads it
+                self._index_source(i).adopt_indexes(source)
+        for source in self._index_sources.values():
+            source.early.settle()
 
     def with_storage(self, storage: StorageConfig) -> PackedTokenDataset:
         """This dataset reading with other storage settings, sharing the record indexes read in

@@ -39,6 +39,7 @@ class FrameSource(Protocol):
 
     def index(self, shard: int) -> ShardIndex: ...
     def has_index(self, shard: int) -> bool: ...
+    def early_head(self, shard: int) -> tuple[int, Future, int, int | None] | None: ...
     def where(self, shard: int, frame: Any = None, records: Any = None) -> str: ...
     def fetch_frames(self, shard: int, first: int, stop: int, index: ShardIndex, use_cache: bool = True) -> Any: ...
 
@@ -77,6 +78,8 @@ class ReadAhead:
         # (shard, the read of its first bytes): set by ``plan``, dropped by the fetch thread
         # that finds it of no use; a stale drop only costs the round trip it would have saved
         self._head: tuple[int, Future] | None = None
+        self._head_end = 0  # bytes the head read asks for: the first units end there (``_units``)
+        self._head_records: int | None = None  # the first read's records an early head is sized for
 
     def plan(self, ranges: Iterable[tuple[int, int, int]]) -> None:
         """Replace the plan with ``ranges``; start fetching them unless prefetch is off."""
@@ -84,7 +87,7 @@ class ReadAhead:
         self._plan_by_shard = None  # built by the first read not found near the cursor
         self._plan_cursor = 0
         self._ready.clear()
-        self._head = None
+        self._head, self._head_records = None, None
         budget, threads = self.budget()
         if budget <= 0:
             self._head_now(self._plan)
@@ -164,7 +167,12 @@ class ReadAhead:
         """Read the record indexes of the first ``INDEXES_AHEAD`` shards of ``ranges`` in the
         background, outside the byte budget (an index is small): a shuffle window lays out
         its documents from their lengths before it reads a token, and would otherwise wait
-        on each new shard's index in turn. A failure is left for the reader to raise."""
+        on each new shard's index in turn. A failure is left for the reader to raise.
+
+        Where the reader's first read lies in the first shard, within the records an early
+        head read is sized for (``EarlyReads.start``), they go out once that head is in: the
+        first read needs none of them, and beside the head they would only share its server,
+        its connections and this process's CPU."""
         source = self.source
         shards: dict[int, None] = {}  # the first ones only: a plan may hold every shard of the stream
         for s, a, b in ranges:
@@ -175,28 +183,41 @@ class ReadAhead:
         if not shards:
             return
         pool = self._pool()
+        first = next(((s, b - a) for s, a, b in ranges if b > a), None)  # (shard, records)
+        head, records = self._head, self._head_records
+        within = head is not None and records is not None and first is not None and first[0] == head[0]
+        if within and first[1] >= records:
+            later = [s for s in shards if s != head[0]]
+            head[1].add_done_callback(lambda _: [pool.submit(_quietly, source.index, s) for s in later])
+            return
         for shard in shards:
             pool.submit(_quietly, source.index, shard)
 
-    def _head_target(self, plan: list[tuple[int, int, int]]) -> tuple[int, int, str, str, int] | None:
+    def _head_target(self, plan: list[tuple[int, int, int]]) -> tuple | None:
         """``(shard, stop, name, what, size)`` of the head read worth making for ``plan``: its
         first shard's first ``stop`` bytes, where that shard is remote, read from its first
-        record, its index not read yet and its first frame not cached; else None."""
+        record, its index not read yet and its first frame not cached (``head_stop``); else
+        None. A head read started early for this shard (``EarlyReads.start``) is taken
+        instead, as ``(shard, its Future, stop, records)``, whether or not the index is in
+        already."""
         source = self.source
         first = next(((s, a) for s, a, b in plan if b > a), None)
-        if first is None or first[1] != 0 or source.fetcher.local or source.has_index(first[0]):
+        if first is None or first[1] != 0:
             return None
         shard = first[0]
-        col = source.manifest.columns
-        stop = min(HEAD_BYTES, int(col["index_offset"][shard]))
-        name = source.manifest.shard_names[shard]
-        if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
-            return None  # the cache holds the first frame: no request to save
-        return shard, stop, name, f"{source.where(shard)} bytes 0..{stop}", int(col["bytes"][shard])
+        early = source.early_head(shard)  # (shard, its Future, stop, records)
+        if early is not None:
+            return early
+        if source.has_index(shard):
+            return None
+        stop = head_stop(source, shard)
+        if stop is None:
+            return None
+        return shard, stop, source.manifest.shard_names[shard], *head_request(source, shard, stop)[1:]
 
     def _read_head(self, plan: list[tuple[int, int, int]]) -> None:
         """Start reading the first ``HEAD_BYTES`` of the plan's first shard beside its index
-        (``_head_target`` says when).
+        (``_head_target`` says when), or take the read started early for it.
 
         A fresh start's first batch otherwise waits for two round trips in a row: the index,
         then the frames it locates. A shard's first frame starts at byte 0, so the head holds
@@ -206,9 +227,13 @@ class ReadAhead:
         target = self._head_target(plan)
         if target is None:
             return
+        if isinstance(target[1], Future):  # started early (EarlyReads.start)
+            self._head, self._head_end, self._head_records = target[:2], target[2], target[3]
+            return
         shard, stop, name, what, size = target
         read = self.source.fetcher.read
         self._head = (shard, self._pool().submit(lambda: read(name, 0, stop, what=what, file_size=size)))
+        self._head_end = stop
 
     def _head_now(self, plan: list[tuple[int, int, int]]) -> None:
         """The same two reads side by side without read-ahead (a head start's pipeline, which
@@ -219,15 +244,24 @@ class ReadAhead:
         target = self._head_target(plan)
         if target is None:
             return
-        shard, stop, name, what, size = target
         source = self.source
-        indexing = threading.Thread(target=_quietly, args=(source.index, shard), name="sf-head-index", daemon=True)
-        indexing.start()
-        try:
-            blob = source.fetcher.read(name, 0, stop, what=what, file_size=size)
-        except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
-            blob = None
-        indexing.join()
+        if isinstance(target[1], Future):  # started early (EarlyReads.start): wait for both
+            shard = target[0]
+            _quietly(source.index, shard)
+            try:
+                blob = target[1].result()
+            except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
+                blob = None
+        else:
+            shard, stop, name, what, size = target
+            indexing = threading.Thread(target=_quietly, args=(source.index, shard), name="sf-head-index",
+                                        daemon=True)
+            indexing.start()
+            try:
+                blob = source.fetcher.read(name, 0, stop, what=what, file_size=size)
+            except Exception:  # noqa: BLE001 - the first read makes its own request, and raises
+                blob = None
+            indexing.join()
         if blob is None or not source.has_index(shard):
             return
         index = source.index(shard)
@@ -308,6 +342,7 @@ class ReadAhead:
         cap = max(1, self.source.config.request_bytes)
         held_cap = max(1, budget // UNITS_IN_BUDGET)
         caps = ramp(cap) if ramp_up else cap
+        head = self._head[0] if ramp_up and self._head is not None else None
         last = None
         for i, (shard, start, stop) in enumerate(plan, first_idx):
             if stop <= start:
@@ -324,6 +359,14 @@ class ReadAhead:
             if last == (shard, first):
                 first += 1  # planned already as the previous range's last frame
             frames = index.frames
+            if shard == head and first == 0:  # the units inside the head end where it ends
+                ends = frames["comp_offset"][:end] + frames["comp_size"][:end]
+                inside = int((ends <= self._head_end).sum())
+                if 0 < inside < end:
+                    yield from group_frames(i, shard, 0, inside, frames["comp_size"], frames["raw_size"], caps,
+                                            held_cap)
+                    first = inside
+                head = None
             yield from group_frames(i, shard, first, end, frames["comp_size"], frames["raw_size"], caps, held_cap)
             last = (shard, end - 1)
 
@@ -387,6 +430,38 @@ class ReadAhead:
                 self._plan_cursor = j
                 return j
         return None
+
+
+def head_stop(source: FrameSource, shard: int, records: int | None = None) -> int | None:
+    """How many of shard ``shard``'s first bytes a head read asks for (``HEAD_BYTES``, at most
+    the shard's frames), or None where none is worth making: a local shard, a shard without
+    frames, or one whose first frame the cache holds.
+
+    With ``records``, the reader's first read holds the shard's first that many records (a
+    pass's first shuffle window): the head asks for about their bytes, estimated from the
+    manifest (the shard's mean compressed bytes a record, a quarter more, and a mean frame for
+    the frame the last of them ends in), up to ``HEAD_BYTES``, so that the first read waits
+    for the transfer and decoding of no more than it needs; the units after the head fetch
+    the rest. A head found short only costs the first read a request of its own."""
+    if source.fetcher.local:
+        return None
+    col = source.manifest.columns
+    data = int(col["index_offset"][shard])
+    stop = min(HEAD_BYTES, data)
+    n = int(col["num_records"][shard])
+    if records is not None and 0 < records < n and "num_frames" in col:
+        frame = data / max(1, int(col["num_frames"][shard]))
+        stop = min(stop, int(1.25 * data * records / n + frame) + 1)
+    name = source.manifest.shard_names[shard]
+    if stop <= 0 or (source.cache is not None and os.path.exists(source.cache.path(name, 0))):
+        return None  # the cache holds the first frame: no request to save
+    return stop
+
+
+def head_request(source: FrameSource, shard: int, stop: int) -> tuple[str, str, int]:
+    """``(name, what, file size)`` of the read of shard ``shard``'s first ``stop`` bytes."""
+    return (source.manifest.shard_names[shard], f"{source.where(shard)} bytes 0..{stop}",
+            int(source.manifest.columns["bytes"][shard]))
 
 
 def _held_bytes(item) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from concurrent.futures import Future
 from typing import Any, Iterable, Iterator
 
 import zstandard
@@ -24,6 +25,7 @@ from ..format.reader import DocBatch, check_frame_records, check_index, gather
 from ..storage.cache import FrameCache
 from ..storage.config import StorageConfig
 from ..storage.fetch import ByteFetcher, fetch_frames
+from .early import EarlyReads
 from .readahead import ReadAhead
 
 log = logging.getLogger("streamforge.storage")
@@ -72,6 +74,8 @@ class ShardSource:
         self._bad_shards: dict[int, str] = {}
         self.skipped: list[dict[str, Any]] = []
         self.counters = dict.fromkeys(_COUNTERS, 0)
+        self.early = EarlyReads(self)  # reads started before a reader of them exists
+        self._lender: ShardSource | None = None  # the source whose early reads this one takes
 
     def __getstate__(self) -> dict:
         keep = ("manifest", "fetcher", "config", "dtype", "cache", "read_share")
@@ -124,6 +128,19 @@ class ShardSource:
         cached = self._indexes.get(shard)
         if cached is not None:
             return cached
+        lender = self._lender
+        if lender is not None and shard in lender.early.indexes:  # read (or being read) there
+            cached = lender.index(shard)
+            if self.config.verify == "sha256":
+                blob = lender._index_blobs.get(shard)
+                if blob is None:
+                    return self._own_index(shard)
+                self._index_blobs[shard] = blob
+            self._indexes[shard] = cached
+            return cached
+        return self._own_index(shard)
+
+    def _own_index(self, shard: int) -> ShardIndex:
         if shard in self._bad_shards:
             raise ShardCorruptError(self._bad_shards[shard])
         with self._lock:
@@ -139,9 +156,12 @@ class ShardSource:
         """Take the record indexes that ``other``, a source of the same stream in this process,
         has read. An index never changes, so the sources of one process share what any of
         them fetched (the planner's, the state checks', the head start's, and a forked
-        worker's from its parent's) instead of each paying a request for it."""
+        worker's from its parent's) instead of each paying a request for it. The reads
+        ``other`` started early (``EarlyReads``) are taken from it too, finished or not."""
         if other is self or other.manifest is not self.manifest:
             return
+        if other.early.started:
+            self._lender = other
         sha256 = self.config.verify == "sha256"
         for shard, index in list(other._indexes.items()):
             blob = other._index_blobs.get(shard)
@@ -150,6 +170,15 @@ class ShardSource:
             self._indexes[shard] = index
             if sha256:
                 self._index_blobs[shard] = blob
+
+    def early_head(self, shard: int) -> tuple[int, Future, int, int | None] | None:
+        """``(shard, head read, bytes, records)`` started early for shard ``shard`` (``EarlyReads.start``),
+        here or at the source this one adopted its indexes from, taken at most once; else None."""
+        for source in (self, self._lender):
+            got = None if source is None else source.early.take_head(shard)
+            if got is not None:
+                return got
+        return None
 
     def _fetch_index(self, shard: int) -> ShardIndex:
         col = self.manifest.columns
