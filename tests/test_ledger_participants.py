@@ -85,3 +85,32 @@ def test_a_step_a_live_participant_did_not_record_is_reported(tmp_path):
     report = check(read_ledger(url))
     assert not report["ok"]
     assert any("membership history has live (first: step 11, 1 recorded, 2 live)" in p for p in report["problems"])
+
+
+def test_a_step_its_quorum_committed_counts_for_a_participant_killed_before_its_commit(tmp_path):
+    """Under torchft a group killed after its gradients were reduced, before its own commit, was
+    trained at that step by the group that committed it: its step (on storage since it was handed
+    out) counts, and nothing is missing; where the step was redone on a smaller membership it
+    stays void (``test_participants_restart_and_put_back_on_their_own``)."""
+    url = str(tmp_path / "ledger")
+    history = [[0, 2], [6, 1]]
+    w0, w1 = _writer(url, 0), _writer(url, 1)
+    w0.history = w1.history = history
+    for step in range(6):
+        for rank, w in ((0, w0), (1, w1)):
+            w.add(step, 0, _rows(10 * step + rank))
+            if (rank, step) != (1, 5):
+                w.commit(step)
+    w1.flush()  # step 5 handed out and on storage; killed before its commit
+    del w1
+    for step in range(6, 9):
+        w0.add(step, 0, _rows(10 * step))
+        w0.commit(step)
+    w0.close()
+    ledger = read_ledger(url)
+    kept = sorted(zip(ledger.steps["rank"].tolist(), ledger.steps["step"].tolist()))
+    assert kept == [(0, s) for s in range(9)] + [(1, s) for s in range(6)]
+    assert len(ledger.uncommitted["step"]) == 0
+    assert sorted(ledger.pieces["record"][ledger.pieces["rank"] == 1].tolist()) == [1, 11, 21, 31, 41, 51]
+    report = check(ledger)
+    assert report["ok"], report["problems"]

@@ -32,11 +32,14 @@ WORKER = Path(__file__).parent / "helpers" / "workers" / "torchft_group.py"
 SPEC = (("code", 30, 120), ("web", 90, 40))
 
 
-def _launch(corpus, group, log, lighthouse, out):
+def _launch(corpus, group, log, lighthouse, out, die=None):
     ledger = log.parent / "ledger"
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path,
            "TORCHFT_LIGHTHOUSE": lighthouse, "OMP_NUM_THREADS": "1"}
+    env.pop("SF_TEST_DIE", None)
+    if die is not None:  # where this launch kills itself (tests/helpers/workers/torchft_group.py)
+        env["SF_TEST_DIE"] = die
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", str(WORKER), str(corpus), str(group), "2", str(log), lighthouse,
@@ -89,23 +92,25 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
         stdout=out, stderr=subprocess.STDOUT)
     jobs = []
     try:
-        jobs = [_launch(corpus, g, logs[g], address, out) for g in (0, 1)]
+        # group 1 kills itself in the middle of a step (its gradients reduced, nothing committed)
+        # once it has trained 4 steps beside group 0; group 0 kills itself between two steps once
+        # it has trained alone and then 4 steps beside group 1 again (SIGKILL, each by its own
+        # pid: at a moment the trainer picks, not one racing its log line)
+        dies = {0: "between:1", 1: "mid:0"}
+        jobs = [_launch(corpus, g, logs[g], address, out, die=dies[g]) for g in (0, 1)]
 
-        def kill_and_restart(dead, since):
+        def kill_and_restart(dead):
             """Both groups train together, then ``dead`` dies mid-pass; the other goes on alone
             for a while, then ``dead`` comes back (a new torchrun job) and heals."""
-            _wait(lambda: sum(r.get("n") == 2 and r["step"] > since for r in _records(logs[dead]) if "step" in r) >= 4,
-                  timeout=90)
-            os.kill(int(Path(f"{logs[dead]}.pid").read_text()), signal.SIGKILL)  # its trainer, by its pid
-            jobs[dead].wait(timeout=30)  # its torchrun sees it die and exits
+            jobs[dead].wait(timeout=120)  # its trainer kills itself; its torchrun sees it die and exits
             killed_at = max(r["step"] for r in _records(logs[dead]) if "step" in r)
             _wait(lambda: sum(r.get("n") == 1 and r["step"] > killed_at for r in _records(logs[1 - dead])
                               if "step" in r) >= 3, timeout=60)
             jobs[dead] = _launch(corpus, dead, logs[dead], address, out)
             return killed_at
 
-        kills = [(1, kill_and_restart(1, -1))]
-        kills.append((0, kill_and_restart(0, kills[0][1])))  # then the other group, later
+        kills = [(1, kill_and_restart(1))]
+        kills.append((0, kill_and_restart(0)))  # then the other group, later
         for job in jobs:
             job.wait(timeout=120)
         assert [job.returncode for job in jobs] == [0, 0], (tmp_path / "jobs.log").read_text()[-4000:]
@@ -117,7 +122,8 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
         out.close()
 
     # the ledger: every token of the pass trained once across the groups, nothing missing but the drop
-    report = check(read_ledger(tmp_path / "ledger"))
+    ledger = read_ledger(tmp_path / "ledger")
+    report = check(ledger)
     assert report["ok"], report["problems"]
     assert not report["duplicates"]
     [entry] = report["passes"]
@@ -128,6 +134,16 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
                    for r in report["ledger"]["restarts"]), report["ledger"]["restarts"]
 
     records = _records(logs[0]) + _records(logs[1])
+    # group 1 died in the middle of the step after its last logged one, its gradients reduced
+    # with group 0's, which committed the step: group 1's batch was trained there, and the ledger
+    # holds it (written before the batch was handed out), though its log does not
+    mid = kills[0][1] + 1
+    assert any(r.get("step") == mid and r.get("n") == 2 for r in _records(logs[0]))
+    p = ledger.pieces
+    mine = (p["rank"] == 1) & (p["step"] == mid)
+    assert mine.any(), "group 1's last step, trained through group 0's commit, is not in the ledger"
+    cols = np.stack([p[k][mine] for k in ("stream", "shard", "record", "token_start", "length")], axis=1)
+    died = {"step": mid, "group": 1, "rank": 1, "n": 2, "pieces": cols.tolist()}
     steps = [r for r in records if "step" in r]
     ends = [r for r in records if "end" in r]
     assert len(ends) == 2 and ends[0]["end"] == ends[1]["end"]  # one clock: the pass ends at one step for both
@@ -135,6 +151,7 @@ def test_groups_killed_and_restarted_train_every_token_once(tmp_path):
         rejoined = [r["step"] for r in steps if r["group"] == group and r["step"] > killed_at and r["n"] == 2]
         assert rejoined, f"group {group} never trained again after its restart"
         assert any(killed_at < r["step"] < min(rejoined) and r["n"] == 1 for r in steps)
+    steps.append(died)
     # each committed (step, group) once; every token of the pass at most once
     assert len({(r["step"], r["group"]) for r in steps}) == len(steps)
     seen: dict[tuple, list] = {}

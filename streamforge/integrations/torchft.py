@@ -12,7 +12,11 @@ a ``StreamingLoader``:
 * a step that was not committed (``should_commit()`` False, the manager's step unchanged)
   puts its batch back: the step is rebuilt, on the new membership if it changed;
 * with a ledger, each group records under its own participant id: its restart voids its own
-  later steps only, and the steps past its last commit are void (docs/ledger.md);
+  later steps only, and the steps past its last commit are void (docs/ledger.md), except a
+  step another group of its quorum committed: a group killed after its gradients were reduced
+  and before its commit was trained at that step (its step's pieces are written before the
+  batch is handed to the trainer; ``read_ledger`` counts them where the membership history
+  has more groups live at the step than committed it);
 * it registers the loader's state with the manager (``register_state_dict_fn``): a group
   that heals receives it with the weights. That state is the membership history and the step,
   small and the same on every group, not a peer's cursors: the healed group computes its own.
@@ -126,6 +130,8 @@ class FaultTolerantData:
                     batch = next(it)
                 except StopIteration:
                     return
+                if self.loader.ledger is not None:  # the step's pieces on storage before it is trained
+                    self.loader.ledger.flush(wait=True)
                 yield batch
         finally:
             if it is not None:

@@ -26,7 +26,8 @@ class Ledger:
     ``damaged``: records skipped as damaged, with the pass and rank that met them.
     ``passes``: pass -> plan summary. ``problems``: inconsistencies found while reading.
     ``uncommitted``: the steps of participants that record commits (torchft) past their last
-    commit: handed out, never trained (void). ``membership``: the live-membership history
+    commit: handed out, never trained (void); a step its quorum committed counts as trained
+    (``_committed_by_quorum``). ``membership``: the live-membership history
     ``[[step, participants], ...]`` the participants last recorded (None without one).
     """
 
@@ -105,6 +106,10 @@ def read_ledger(url: str, storage_options: dict[str, Any] | None = None) -> Ledg
     commits = {(int(h["generation"]), int(h["rank"])) for h in generations if h.get("commits")}
     live_steps, done_steps = _effective(steps, restarts, commits, committed)
     live_pieces, done_pieces = _effective(pieces, restarts, commits, committed)
+    if history:
+        quorum = _committed_by_quorum(steps, live_steps, done_steps, history)
+        done_steps |= quorum[0]
+        done_pieces |= np.isin(_keys(pieces), quorum[1])
     keep_steps, keep_pieces = live_steps & done_steps, live_pieces & done_pieces
     return Ledger(
         steps={k: v[keep_steps] for k, v in steps.items()},
@@ -228,6 +233,38 @@ def _effective(columns: dict[str, np.ndarray], restarts: list[dict[str, Any]], c
         done[i] = committed.get((g, r), -1) if (g, r) in commits else np.inf
     step = columns["step"]
     return step < limits[inverse], step <= done[inverse]
+
+
+def _keys(columns: dict[str, np.ndarray]) -> np.ndarray:
+    """One int64 key per record: its (generation, rank, step)."""
+    return ((columns["generation"].astype(np.int64) << 48) | (columns["rank"].astype(np.int64) << 32)
+            | columns["step"].astype(np.int64))
+
+
+def _committed_by_quorum(steps: dict[str, np.ndarray], live: np.ndarray, done: np.ndarray,
+                         history: list) -> tuple[np.ndarray, np.ndarray]:
+    """Steps a participant handed out and never committed that its quorum did commit: under
+    torchft a group whose gradients were reduced at a step, killed before its own commit, was
+    trained at that step by the groups that committed it. Counted where the membership history
+    has exactly as many participants live at the step as committed it plus those left
+    uncommitted (a step redone on a smaller membership after a failed commit has the redo's
+    count live, and the failed attempt's records then stay void). Returns the step mask and
+    the (generation, rank, step) keys of those steps."""
+    pending = live & ~done
+    if not pending.any():
+        return np.zeros(len(live), bool), np.zeros(0, np.int64)
+    step = steps["step"].astype(np.int64)
+    starts = np.array([s for s, _ in history], np.int64)
+    counts = np.array([n for _, n in history], np.int64)
+    at = np.searchsorted(starts, step, side="right") - 1
+    live_count = np.where(at >= 0, counts[np.maximum(at, 0)], 0)
+    committed_at = np.unique(np.stack([step[live & done], steps["rank"][live & done].astype(np.int64)], axis=1), axis=0)
+    pending_at = np.unique(np.stack([step[pending], steps["rank"][pending].astype(np.int64)], axis=1), axis=0)
+    got = dict(zip(*np.unique(committed_at[:, 0], return_counts=True))) if len(committed_at) else {}
+    waiting = dict(zip(*np.unique(pending_at[:, 0], return_counts=True)))
+    ok = np.array([got.get(s, 0) > 0 and got.get(s, 0) + waiting.get(s, 0) == n
+                   for s, n in zip(step.tolist(), live_count.tolist())], bool) & pending
+    return ok, _keys(steps)[ok]
 
 
 def _standing(items: list[dict], restarts: list[dict[str, Any]]) -> list[dict]:

@@ -4,10 +4,19 @@ document pieces (one JSON line a step) for the test to account for every token.
 
 Every group also keeps the data-order ledger in one shared folder (the test checks it).
 
-Args: corpus directory, group index, most groups, log path, lighthouse address, ledger folder."""
+Args: corpus directory, group index, most groups, log path, lighthouse address, ledger folder.
+
+``SF_TEST_DIE=WHERE:ALONE`` makes this launch kill itself (SIGKILL, by its own pid) once it has
+trained 4 steps beside the other group, after having trained alone ALONE times since it first
+trained beside it: WHERE "mid" in
+the next step, after its gradients are reduced and before the commit; "between" right after
+the 4th step's commit and log line. A kill at a moment the trainer picks, where an outside kill
+would land anywhere: in the instant between torchft's commit and the log line, the log would
+miss a step the ledger holds."""
 
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -42,6 +51,9 @@ def main(corpus, group, groups, log_path, lighthouse, ledger_dir):
         quorum_timeout=timedelta(seconds=30), connect_timeout=timedelta(seconds=10),
     )
     data = FaultTolerantData(loader, manager)
+    die = os.environ.get("SF_TEST_DIE")
+    where, alone_needed = (die.split(":")[0], int(die.split(":")[1])) if die else (None, 0)
+    together = alone = beside = 0
     with open(log_path, "a") as log:
         for batch in data:
             step = manager.current_step()
@@ -50,6 +62,8 @@ def main(corpus, group, groups, log_path, lighthouse, ledger_dir):
             loss.backward()
             for p in model.parameters():
                 manager.allreduce(p.grad).wait()
+            if where == "mid" and together >= 4:
+                os.kill(os.getpid(), signal.SIGKILL)
             if data.should_commit():  # the manager's, with the commit in the ledger
                 optimizer.step()
                 seg = batch["segments"].reshape(-1, 5)
@@ -57,6 +71,13 @@ def main(corpus, group, groups, log_path, lighthouse, ledger_dir):
                                       "n": manager.num_participants(),
                                       "pieces": seg[seg[:, 0] >= 0].tolist()}) + "\n")
                 log.flush()
+                if manager.num_participants() > 1:
+                    beside += 1
+                    together += alone >= alone_needed
+                elif beside:  # alone after having trained beside the other group
+                    alone, together = alone + 1, 0
+                if where == "between" and together >= 4:
+                    os.kill(os.getpid(), signal.SIGKILL)
             optimizer.zero_grad()
             time.sleep(0.05 if manager.num_participants() > 1 else 0.4)  # alone: slower, so a group can rejoin
         log.write(json.dumps({"end": loader.step, "group": group, "state": loader.state_dict()}) + "\n")
