@@ -52,8 +52,9 @@ def _first_and_cut_shards(loader):
     return first, cut
 
 
-def test_the_first_shards_index_and_head_go_out_while_the_plan_reads_a_cut(s3_server, s3_corpus, monkeypatch):
-    url, opts, manifest = s3_corpus
+def _recorder():
+    """``(reads, timed, real)``: ``timed`` stands for ``ByteFetcher.read`` (``real``) and appends
+    ``(name, start, stop, began, ended)`` to ``reads`` for each read, from any thread."""
     reads, lock = [], threading.Lock()
     real = ByteFetcher.read
 
@@ -65,6 +66,12 @@ def test_the_first_shards_index_and_head_go_out_while_the_plan_reads_a_cut(s3_se
             with lock:
                 reads.append((name, start, stop, began, time.perf_counter()))
 
+    return reads, timed, real
+
+
+def test_the_first_shards_index_and_head_go_out_while_the_plan_reads_a_cut(s3_server, s3_corpus, monkeypatch):
+    url, opts, manifest = s3_corpus
+    reads, timed, real = _recorder()
     proxy = LatencyProxy(s3_server.endpoint_url, delay_ms=DELAY_MS, bandwidth_mbps=0).start()
     try:
         slow = {**opts, "client_kwargs": {"endpoint_url": proxy.endpoint_url}}
@@ -129,17 +136,7 @@ def wide_corpus(s3_server):
 
 def test_the_head_is_sized_for_the_first_window_and_the_other_indexes_wait(wide_corpus, monkeypatch):
     url, opts, manifest = wide_corpus
-    reads, lock = [], threading.Lock()
-    real = ByteFetcher.read
-
-    def timed(self, name, start, stop, **kwargs):
-        began = time.perf_counter()
-        try:
-            return real(self, name, start, stop, **kwargs)
-        finally:
-            with lock:
-                reads.append((name, start, stop, began, time.perf_counter()))
-
+    reads, timed, real = _recorder()
     def loader(early: bool):
         ds = PackedTokenDataset(Stream(url, storage_options=opts), seq_len=256, seed=1, shuffle_warmup=16, eos_id=0)
         if not early:
