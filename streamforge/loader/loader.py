@@ -45,7 +45,7 @@ from . import collector, membership
 from .clock import Clock
 from .counters import Counters
 from .device import DeviceFeed, check_depth, default_device, taken
-from .passes import pass_is_empty, warn_before_pass, warn_empty_pass
+from .passes import start_pass, warn_before_pass
 from .stats import loader_stats
 from .replicas import check_replicas, receive_from_replica_zero, send_to_replicas
 from .workers import WorkerBatch, _Job, per_message, process_batches
@@ -348,8 +348,7 @@ class StreamingLoader:
             self._head = None
         elif self.pass_over():
             self._end_pass()
-        if pass_is_empty(self):  # computes the plan, the first batch's first reads beside it
-            warn_empty_pass(self)
+        start_pass(self)  # the plan, the first batch's first reads beside it; a pass with no step warns
         warn_before_pass(self)
         topology = self.dataset.topology
         if self.shares_reads and topology.replica > 0:

@@ -1,10 +1,10 @@
 """What the loader says about a pass before its first batch: a pass with no step, a finite
 pass that drops more than 1% of its tokens (``DropWarning``), a mixture it cannot honour
 (``mixture.py``), each naming what to change; the pass's drop and padding figures
-``stats()`` reports; and the reads a fresh pass starts beside its plan (``pass_is_empty``).
+``stats()`` reports; and the reads a fresh pass starts beside its plan (``start_pass``).
 
 Kept apart from ``loader.py`` (a module under 500 lines); ``StreamingLoader.__iter__`` calls
-``warn_empty_pass`` before an iteration that would yield no batch, and ``warn_before_pass``
+``start_pass`` (which warns where an iteration would yield no batch) and ``warn_before_pass``
 before every iteration.
 """
 
@@ -30,7 +30,7 @@ def warn_empty_pass(loader: Any) -> None:
         f"{loader.num_logical} worker(s), cannot fill one full batch of {loader.batch_size} row(s) x seq_len "
         f"{loader.seq_len} on every worker of the {dataset.world_size} rank(s); use a smaller batch_size "
         "or seq_len, fewer ranks or workers, or infinite=True",
-        stacklevel=3,
+        stacklevel=4,
     )
 
 
@@ -68,15 +68,16 @@ def warn_before_pass(loader: Any) -> None:
             )
 
 
-def pass_is_empty(loader: Any) -> bool:
-    """Whether the loader is at the start of a finite pass that has no step (its plan is
-    computed here, the ranks together). Before the plan, at the start of a pass from its
-    first record (no state loaded, nothing handed out yet), on the rank whose first batch
-    global worker 0 builds, the reads that batch starts with go out
+def start_pass(loader: Any) -> None:
+    """Before an iteration's first batch: compute the plan (the ranks together) and warn where
+    the iteration starts a finite pass that has no step (``warn_empty_pass``). Before the plan,
+    at the start of a pass from its first record (no state loaded, nothing handed out yet), on
+    the rank whose first batch global worker 0 builds, the reads that batch starts with go out
     (``PackedTokenDataset.start_first_reads``): beside the plan's index reads, not after."""
     clock, dataset = loader.clock, loader.dataset
     if not (loader.evaluation or clock.batch != 0 or clock.rest is not None or dataset.rank != 0
             or any(state is not None for state in clock.worker_states)
             or (loader.shares_reads and dataset.topology.replica > 0)):
         dataset.start_first_reads(clock.pass_idx)
-    return not loader.infinite and not loader.evaluation and clock.batch == 0 and loader.plan(share=True).steps == 0
+    if not loader.infinite and not loader.evaluation and clock.batch == 0 and loader.plan(share=True).steps == 0:
+        warn_empty_pass(loader)
