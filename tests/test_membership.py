@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from helpers.pipeline import dataset, delivered_tokens, make_corpus
+from helpers.pipeline import batches_to, dataset, delivered_tokens, make_corpus
 from streamforge import ConfigError, StreamingLoader, merge_states
 from streamforge.resume.membership import MembershipPlanner
 
@@ -173,14 +173,8 @@ def _elastic_chain(corpus, plan, workers, **kwargs):
             if state is not None:
                 ld.load_state_dict(state)
                 assert ld.resume_report.mode == "elastic"
-            it = iter(ld)
-            while stop is None or ld.step < stop:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
+            for batch in batches_to(ld, stop):
                 out[ld.step - 1, ld.dataset.rank] = _pieces(batch)
-            it.close()
     return out
 
 

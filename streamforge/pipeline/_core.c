@@ -356,6 +356,43 @@ done:
     return result;
 }
 
+/* The [R, T+1] token grid the fill functions write (their ``tokens``): its buffer, taken
+ * writable into ``a``, and its shape. 0; or -1 with TypeError (not a writable 2-D integer
+ * array) or ValueError (rows not of adjacent items, or ``offset`` outside the grid's R*T). */
+typedef struct {
+    Py_ssize_t rows, T, itemsize, row_stride;
+} Grid;
+
+static int grid_get(PyObject *obj, Arr *a, Grid *g, Py_ssize_t offset, const char *fn)
+{
+    int ok = arr_get(obj, a, 2, 1);
+    if (ok <= 0) {
+        if (ok == 0)
+            PyErr_Format(PyExc_TypeError, "%s: tokens must be a writable 2-D array of integers", fn);
+        return -1;
+    }
+    g->rows = a->view.shape[0];
+    g->T = a->view.shape[1] - 1;
+    g->itemsize = a->size;
+    g->row_stride = a->view.strides[0];
+    if (g->T < 1 || a->view.strides[1] != g->itemsize || offset < 0 || offset > g->rows * g->T) {
+        PyErr_Format(PyExc_ValueError, "%s: tokens must be [R, T+1] with rows of adjacent items, and offset "
+                     "inside them", fn);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether tokens from flat position ``offset`` up to ``at`` run past the grid: ValueError then. */
+static int run_past(const Grid *g, Py_ssize_t offset, Py_ssize_t at, const char *fn)
+{
+    if (at <= g->rows * g->T)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: %zd tokens from position %zd run past the %zd of the grid", fn,
+                 at - offset, offset, g->rows * g->T);
+    return 1;
+}
+
 /* Copies ``left`` tokens from ``src`` into the grid's first T columns from flat position
  * ``at`` (rows wrap at T), and returns the position after them. */
 static inline Py_ssize_t copy_wrapped(char *grid, Py_ssize_t row_stride, Py_ssize_t itemsize, Py_ssize_t T,
@@ -374,29 +411,17 @@ static inline Py_ssize_t copy_wrapped(char *grid, Py_ssize_t row_stride, Py_ssiz
 static PyObject *core_fill_rows(PyObject *self, PyObject *args)
 {
     PyObject *o_parts, *o_tokens, *seq = NULL, *result = NULL;
-    Py_ssize_t offset, rows, T, itemsize, row_stride, k, nparts, at;
+    Py_ssize_t offset, T, itemsize, row_stride, k, nparts, at;
     Arr tokens = {0};
+    Grid grid;
     Py_buffer *views = NULL;
     Py_ssize_t nviews = 0;
-    int ok;
 
     if (!PyArg_ParseTuple(args, "OOn:fill_rows", &o_parts, &o_tokens, &offset))
         return NULL;
-    if ((ok = arr_get(o_tokens, &tokens, 2, 1)) <= 0) {
-        arr_release(&tokens);
-        if (ok == 0)
-            PyErr_SetString(PyExc_TypeError, "fill_rows: tokens must be a writable 2-D array of integers");
-        return NULL;
-    }
-    rows = tokens.view.shape[0];
-    T = tokens.view.shape[1] - 1;
-    itemsize = tokens.size;
-    row_stride = tokens.view.strides[0];
-    if (T < 1 || tokens.view.strides[1] != itemsize || offset < 0 || offset > rows * T) {
-        PyErr_SetString(PyExc_ValueError, "fill_rows: tokens must be [R, T+1] with rows of adjacent items, "
-                                          "and offset inside them");
+    if (grid_get(o_tokens, &tokens, &grid, offset, "fill_rows") < 0)
         goto done;
-    }
+    T = grid.T, itemsize = grid.itemsize, row_stride = grid.row_stride;
     if ((seq = PySequence_Fast(o_parts, "fill_rows: parts must be a sequence")) == NULL)
         goto done;
     nparts = PySequence_Fast_GET_SIZE(seq);
@@ -424,11 +449,8 @@ static PyObject *core_fill_rows(PyObject *self, PyObject *args)
         }
         at += v->shape[0];
     }
-    if (at > rows * T) {
-        PyErr_Format(PyExc_ValueError, "fill_rows: %zd tokens from position %zd run past the %zd of the grid",
-                     at - offset, offset, rows * T);
+    if (run_past(&grid, offset, at, "fill_rows"))
         goto done;
-    }
     Py_BEGIN_ALLOW_THREADS
     {
         char *grid = tokens.view.buf;
@@ -471,6 +493,7 @@ static PyObject *core_fill_window(PyObject *self, PyObject *args)
     long long eos;
     Py_ssize_t pos, offset, size, filled, nframes, ndocs, rows, T, itemsize, row_stride, left, skip, d, d_end, at;
     Arr tokens = {0}, dframe = {0}, dstart = {0}, dlen = {0};
+    Grid grid;
     Py_buffer *fb = NULL;
     char *held = NULL;
     int ok, has_eos;
@@ -479,20 +502,17 @@ static PyObject *core_fill_window(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOLnnnOn:fill_window", &o_frames, &o_frame, &o_start, &o_len, &eos, &pos,
                           &offset, &size, &o_tokens, &filled))
         return NULL;
-    if ((ok = arr_get(o_tokens, &tokens, 2, 1)) <= 0 || (ok = arr_get(o_frame, &dframe, 1, 0)) <= 0 ||
-        (ok = arr_get(o_start, &dstart, 1, 0)) <= 0 || (ok = arr_get(o_len, &dlen, 1, 0)) <= 0) {
+    if (grid_get(o_tokens, &tokens, &grid, filled, "fill_window") < 0)
+        goto done;
+    rows = grid.rows, T = grid.T, itemsize = grid.itemsize, row_stride = grid.row_stride;
+    if ((ok = arr_get(o_frame, &dframe, 1, 0)) <= 0 || (ok = arr_get(o_start, &dstart, 1, 0)) <= 0 ||
+        (ok = arr_get(o_len, &dlen, 1, 0)) <= 0) {
         if (ok == 0)
-            PyErr_SetString(PyExc_TypeError, "fill_window: tokens must be a writable 2-D integer array and the "
-                                             "document columns 1-D integer arrays");
+            PyErr_SetString(PyExc_TypeError, "fill_window: the document columns must be 1-D integer arrays");
         goto done;
     }
-    rows = tokens.view.shape[0];
-    T = tokens.view.shape[1] - 1;
-    itemsize = tokens.size;
-    row_stride = tokens.view.strides[0];
     ndocs = dframe.view.shape[0];
-    if (T < 1 || tokens.view.strides[1] != itemsize || filled < 0 || size < 0 || filled > rows * T ||
-        size > rows * T - filled) {
+    if (size < 0 || size > rows * T - filled) {
         PyErr_Format(PyExc_ValueError, "fill_window: %zd tokens from position %zd do not fit the %zd of the grid",
                      size, filled, rows * T);
         goto done;
@@ -615,31 +635,24 @@ release:
 static PyObject *core_fill_parts(PyObject *self, PyObject *args)
 {
     PyObject *o_source, *o_starts, *o_lengths, *o_tokens, *result = NULL;
-    Py_ssize_t offset, rows, T, itemsize, row_stride, k, nparts, at, size;
+    Py_ssize_t offset, T, itemsize, row_stride, k, nparts, at, size;
     Arr tokens = {0}, source = {0}, starts = {0}, lengths = {0};
+    Grid grid;
     int ok;
 
     if (!PyArg_ParseTuple(args, "OOOOn:fill_parts", &o_source, &o_starts, &o_lengths, &o_tokens, &offset))
         return NULL;
-    if ((ok = arr_get(o_tokens, &tokens, 2, 1)) <= 0) {
-        if (ok == 0)
-            PyErr_SetString(PyExc_TypeError, "fill_parts: tokens must be a writable 2-D array of integers");
+    if (grid_get(o_tokens, &tokens, &grid, offset, "fill_parts") < 0)
         goto done;
-    }
+    T = grid.T, itemsize = grid.itemsize, row_stride = grid.row_stride;
     if ((ok = arr_get(o_starts, &starts, 1, 0)) <= 0 || (ok = arr_get(o_lengths, &lengths, 1, 0)) <= 0) {
         if (ok == 0)
             PyErr_SetString(PyExc_TypeError, "fill_parts: starts and lengths must be 1-D arrays of integers");
         goto done;
     }
-    rows = tokens.view.shape[0];
-    T = tokens.view.shape[1] - 1;
-    itemsize = tokens.size;
-    row_stride = tokens.view.strides[0];
     nparts = starts.view.shape[0];
-    if (T < 1 || tokens.view.strides[1] != itemsize || offset < 0 || offset > rows * T
-        || lengths.view.shape[0] != nparts) {
-        PyErr_SetString(PyExc_ValueError, "fill_parts: tokens must be [R, T+1] with rows of adjacent items, offset "
-                                          "inside them, and starts and lengths of one size");
+    if (lengths.view.shape[0] != nparts) {
+        PyErr_SetString(PyExc_ValueError, "fill_parts: starts and lengths must be of one size");
         goto done;
     }
     if ((ok = arr_get(o_source, &source, 1, 0)) < 0)
@@ -660,11 +673,8 @@ static PyObject *core_fill_parts(PyObject *self, PyObject *args)
         }
         at += (Py_ssize_t)n;
     }
-    if (at > rows * T) {
-        PyErr_Format(PyExc_ValueError, "fill_parts: %zd tokens from position %zd run past the %zd of the grid",
-                     at - offset, offset, rows * T);
+    if (run_past(&grid, offset, at, "fill_parts"))
         goto done;
-    }
     Py_BEGIN_ALLOW_THREADS
     {
         char *grid = tokens.view.buf;

@@ -73,16 +73,24 @@ def run_pieces(loaders, steps=None) -> list:
     record, token_start, length)``."""
     pieces = []
     for ld in loaders:
-        it = iter(ld)
-        while steps is None or ld.step < steps:
-            try:
-                batch = next(it)
-            except StopIteration:
-                break
+        for batch in batches_to(ld, steps):
             seg = batch["segments"].reshape(-1, 5)
             pieces.append(seg[seg[:, 0] >= 0].numpy())
-        it.close()
     return pieces
+
+
+def batches_to(ld, steps=None):
+    """The batches of one iteration of ``ld`` until its global step reaches ``steps`` (default:
+    the end of the pass); the iteration is closed after."""
+    it = iter(ld)
+    try:
+        while steps is None or ld.step < steps:
+            try:
+                yield next(it)
+            except StopIteration:
+                return
+    finally:
+        it.close()
 
 
 def delivered_spans(pieces) -> dict[tuple, list[tuple[int, int]]]:
