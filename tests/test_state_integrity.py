@@ -76,6 +76,9 @@ def test_dropped_tokens_of_a_pass_are_counted_once(corpus):
 
 
 # -- an exception inside next() -----------------------------------------------------------------
+_LOCKING = ("threading.py", "/multiprocessing/", "/logging/", "/queue.py")  # code that takes locks
+
+
 class _Interrupts:
     """SIGALRM raises KeyboardInterrupt, but only while the loader runs: a signal that comes
     while the test's own loop body runs is raised at the end of the body, once the batch is
@@ -86,9 +89,15 @@ class _Interrupts:
         self.pending = False
         self.old = signal.signal(signal.SIGALRM, self._handler)
 
-    def _handler(self, *_):
+    def _handler(self, _signum, frame):
         if self.in_body:
             self.pending = True
+        elif frame is not None and any(part in frame.f_code.co_filename for part in _LOCKING):
+            # raised here, the interrupt could leave a lock of the standard library held (one
+            # just taken, before its ``with`` block is entered), and the next use of it, such
+            # as the worker shutdown of torch's DataLoader iterator, would hang the process:
+            # a hazard of any Python code, not the loader's. Try again a moment later.
+            signal.setitimer(signal.ITIMER_REAL, 0.001)
         else:
             raise KeyboardInterrupt
 
