@@ -266,6 +266,74 @@ def test_a_window_read_whole_makes_no_object_per_document(tmp_path, monkeypatch)
 
 
 @needs_core
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=60), seq_len=st.integers(1, 9),
+       batch_size=st.integers(1, 3), in_docs=st.booleans(), window=st.integers(2, 12),
+       seed=st.integers(0, 100))
+def test_a_batch_in_one_call_is_the_batch_the_runs_give(tmp_path_factory, lengths, seq_len, batch_size, in_docs,
+                                                        window, seed):
+    """A one-stream concat batch that one window holds is built in one compiled call
+    (``Interleaver.take_block``): the same RowBatch, dtypes included, and the same state after
+    it as the runs build, on random short documents (batches ending inside a document, on its
+    EOS, and exactly at its end; windows ending at the token after a batch), with and without
+    EOS appended and in the documents (a window with no EOS of its own)."""
+    from streamforge import ShardWriter
+    from streamforge.stages.interleave import Interleaver
+
+    rng = np.random.default_rng(seed)
+    url = str(tmp_path_factory.mktemp("c") / "s")
+    with ShardWriter(url, shard_size="1KiB", frame_size="256B", eos_id=0, docs_end_with_eos=in_docs) as writer:
+        for n in lengths:
+            writer.write(np.append(rng.integers(1, 500, n), [0] * in_docs).astype(np.uint16))
+    ds = dataset({"s": (url, None)}, seq_len=seq_len, shuffle_buffer=window, shuffle_warmup=0, seed=seed)
+    blocks = []
+    take_block = Interleaver.take_block
+
+    def counted(self, ext, grid):
+        got = take_block(self, ext, grid)
+        blocks.append(got is not None)
+        return got
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Interleaver, "take_block", counted)
+        got = _pipeline_pass(ds, COMPILED, batch_size)
+        mp.setattr(Interleaver, "take_block", lambda self, ext, grid: None)
+        want = _pipeline_pass(ds, COMPILED, batch_size)
+    assert len(got) == len(want) > 0
+    for i, ((a, sa), (b, sb)) in enumerate(zip(got, want)):
+        for field in a.__dataclass_fields__:
+            x, y = getattr(a, field), getattr(b, field)
+            assert x.dtype == y.dtype and np.array_equal(x, y), f"batch {i}: {field} differs"
+        assert sa == sb, f"state after batch {i}"
+    assert any(blocks) or sum(lengths) < 4 * seq_len * batch_size  # the call runs wherever a window can hold a batch
+
+
+@needs_core
+def test_window_block_refuses_a_batch_it_cannot_lay_out():
+    """``window_block`` writes nothing where a frame has no buffer (None: the runs take the
+    batch), and refuses a batch running past the window or touching another number of
+    documents than the pieces given, before writing."""
+    frames = [np.arange(1, 21, dtype=np.uint16).tobytes()]
+    frame, start, length = np.zeros(4, np.int64), np.arange(4, dtype=np.int64) * 10, np.full(4, 5, np.int64)
+    ids = np.arange(4, dtype=np.int64)
+
+    def call(rows, seq_len, docs, frames=frames, pos=0, offset=0):
+        grid = np.full((rows, seq_len + 1), 9, np.uint16)
+        cols = (np.empty((4, docs), np.int64), np.empty(docs, np.int32), np.empty(docs, np.int16), np.empty(docs, bool))
+        got = COMPILED.window_block(frames, frame, start, length, 0, pos, offset, 0, ids, ids, grid, *cols)
+        return got, grid, cols
+
+    got, grid, (cols, shard, stream, continues) = call(2, 4, 2)  # 8 tokens of documents 0 and 1, EOS after each
+    assert got is True
+    assert grid.tolist() == [[1, 2, 3, 4, 5], [5, 0, 6, 7, 8]]
+    assert cols.tolist() == [[0, 6], [6, 2], [0, 1], [0, 0]] and continues.tolist() == [False, True]
+    assert call(2, 4, 2, frames=[object()])[0] is None
+    for rows, seq_len, docs, match in ((4, 6, 4, "run past"), (2, 4, 3, "not the 3 pieces")):
+        with pytest.raises(ValueError, match=match):
+            _, grid, _ = call(rows, seq_len, docs)
+
+
+@needs_core
 def test_fill_parts_leaves_a_source_of_another_dtype_to_numpy():
     grid = np.zeros((2, 5), np.uint16)
     starts, lengths = np.array([0, 1]), np.array([1, 2])

@@ -38,6 +38,19 @@
  *       where a frame has no contiguous buffer; ValueError where a document lies outside its
  *       frame, the run outside the window or past the grid.
  *
+ *   window_block(frames, doc_frame, doc_start, doc_len, eos, pos, offset, stream, shard, record, tokens,
+ *                columns, shard32, stream16, continues) -> True or None
+ *       A whole batch from one shuffle window in one call (stages/window.py, ``Window.block``):
+ *       the R*T tokens from token ``offset`` of document ``pos`` on, written into the [R, T+1]
+ *       grid ``tokens`` as fill_window writes them, then column T of each row (the next row's
+ *       first token, and after the last row the window's token after the batch); and the
+ *       RowBatch columns of its D pieces, one a document touched: ``columns`` (4*D int64:
+ *       start, length, record, token_start), ``shard32`` (int32), ``stream16`` (int16, all
+ *       ``stream``) and ``continues`` (bool), D being the length of ``continues``. ``shard`` and
+ *       ``record`` are the window's columns, by document. None, having written nothing, where a
+ *       frame has no contiguous buffer; ValueError where the batch and the token after it do
+ *       not lie in the window, or it touches another number of documents than D.
+ *
  *   member_check(raw, token_offset, num_tokens, meta_offset, meta_size, head, itemsize)
  *           -> -1, (position, kind, expected, said) or None
  *       The tar check of a frame's records (format/tar.py, ``member_mismatch``): the first
@@ -487,130 +500,185 @@ static inline void prefetch_span(const char *src, Py_ssize_t nbytes)
         __builtin_prefetch(src + i * 64, 0, 0);
 }
 
-static PyObject *core_fill_window(PyObject *self, PyObject *args)
-{
-    PyObject *o_frames, *o_frame, *o_start, *o_len, *o_tokens, *seq = NULL, *result = NULL;
-    long long eos;
-    Py_ssize_t pos, offset, size, filled, nframes, ndocs, rows, T, itemsize, row_stride, left, skip, d, d_end, at;
-    Arr tokens = {0}, dframe = {0}, dstart = {0}, dlen = {0};
-    Grid grid;
-    Py_buffer *fb = NULL;
-    char *held = NULL;
-    int ok, has_eos;
+/* A shuffle window's documents, as fill_window and window_block read them: document d is
+ * ``len[d]`` tokens from byte ``start[d]`` of ``frames[frame[d]]``, then the EOS where there
+ * is one (``extent`` tokens in all). The frames' buffers are taken as a run needs them. */
+typedef struct {
+    Arr frame, start, len;
+    PyObject *seq;
+    Py_buffer *fb;
+    char *held;
+    Py_ssize_t nframes, ndocs, itemsize;
+    int has_eos;
     unsigned char eos_item[8];
+} Docs;
 
-    if (!PyArg_ParseTuple(args, "OOOOLnnnOn:fill_window", &o_frames, &o_frame, &o_start, &o_len, &eos, &pos,
-                          &offset, &size, &o_tokens, &filled))
-        return NULL;
-    if (grid_get(o_tokens, &tokens, &grid, filled, "fill_window") < 0)
-        goto done;
-    rows = grid.rows, T = grid.T, itemsize = grid.itemsize, row_stride = grid.row_stride;
-    if ((ok = arr_get(o_frame, &dframe, 1, 0)) <= 0 || (ok = arr_get(o_start, &dstart, 1, 0)) <= 0 ||
-        (ok = arr_get(o_len, &dlen, 1, 0)) <= 0) {
+static void docs_release(Docs *w)
+{
+    Py_ssize_t f;
+    if (w->held != NULL)
+        for (f = 0; f < w->nframes; f++)
+            if (w->held[f])
+                PyBuffer_Release(&w->fb[f]);
+    PyMem_Free(w->fb);
+    PyMem_Free(w->held);
+    Py_XDECREF(w->seq);
+    arr_release(&w->frame);
+    arr_release(&w->start);
+    arr_release(&w->len);
+}
+
+/* The window's columns and frames (no buffer taken yet), tokens of ``itemsize`` bytes: 0, or
+ * -1 with an exception. */
+static int docs_get(Docs *w, PyObject *frames, PyObject *frame, PyObject *start, PyObject *len, long long eos,
+                    Py_ssize_t itemsize, const char *fn)
+{
+    int ok;
+    if ((ok = arr_get(frame, &w->frame, 1, 0)) <= 0 || (ok = arr_get(start, &w->start, 1, 0)) <= 0 ||
+        (ok = arr_get(len, &w->len, 1, 0)) <= 0) {
         if (ok == 0)
-            PyErr_SetString(PyExc_TypeError, "fill_window: the document columns must be 1-D integer arrays");
-        goto done;
+            PyErr_Format(PyExc_TypeError, "%s: the document columns must be 1-D integer arrays", fn);
+        return -1;
     }
-    ndocs = dframe.view.shape[0];
-    if (size < 0 || size > rows * T - filled) {
-        PyErr_Format(PyExc_ValueError, "fill_window: %zd tokens from position %zd do not fit the %zd of the grid",
-                     size, filled, rows * T);
-        goto done;
+    w->ndocs = w->frame.view.shape[0];
+    if (w->start.view.shape[0] != w->ndocs || w->len.view.shape[0] != w->ndocs) {
+        PyErr_Format(PyExc_ValueError, "%s: the document columns differ in length", fn);
+        return -1;
     }
-    if (dstart.view.shape[0] != ndocs || dlen.view.shape[0] != ndocs) {
-        PyErr_SetString(PyExc_ValueError, "fill_window: the document columns differ in length");
-        goto done;
-    }
-    if ((seq = PySequence_Fast(o_frames, "fill_window: frames must be a sequence")) == NULL)
-        goto done;
-    nframes = PySequence_Fast_GET_SIZE(seq);
-    fb = PyMem_Calloc(nframes ? nframes : 1, sizeof(Py_buffer));
-    held = PyMem_Calloc(nframes ? nframes : 1, 1);
-    if (fb == NULL || held == NULL) {
+    if ((w->seq = PySequence_Fast(frames, "frames must be a sequence")) == NULL)
+        return -1;
+    w->nframes = PySequence_Fast_GET_SIZE(w->seq);
+    w->fb = PyMem_Calloc(w->nframes ? w->nframes : 1, sizeof(Py_buffer));
+    w->held = PyMem_Calloc(w->nframes ? w->nframes : 1, 1);
+    if (w->fb == NULL || w->held == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
-    has_eos = eos >= 0;
+    w->itemsize = itemsize;
+    w->has_eos = eos >= 0;
     {   /* the token after each document, in the grid's item size (native order, as numpy's) */
         uint64_t v = (uint64_t)eos;
         uint32_t v4 = (uint32_t)v;
         uint16_t v2 = (uint16_t)v;
         uint8_t v1 = (uint8_t)v;
-        memcpy(eos_item, itemsize == 8 ? (void *)&v : itemsize == 4 ? (void *)&v4 : itemsize == 2 ? (void *)&v2
-                                                                                            : (void *)&v1,
+        memcpy(w->eos_item, itemsize == 8 ? (void *)&v : itemsize == 4 ? (void *)&v4 : itemsize == 2 ? (void *)&v2
+                                                                                               : (void *)&v1,
                (size_t)itemsize);
     }
-    /* first the documents the run covers: their frames' buffers, every bound checked */
-    left = size;
-    skip = offset;
+    return 0;
+}
+
+/* Takes the buffers of the frames that the ``size`` tokens from token ``offset`` of document
+ * ``pos`` on lie in, every bound checked: the document after the last one they touch; -1 with
+ * ValueError (the run outside the window, a document outside its frame), or -2, no exception
+ * set, where a frame has no contiguous buffer. */
+static Py_ssize_t docs_hold(Docs *w, Py_ssize_t pos, Py_ssize_t offset, Py_ssize_t size, const char *fn)
+{
+    Py_ssize_t left = size, skip = offset, d;
     for (d = pos; left > 0; d++) {
-        int64_t f, st, n, extent, take;
-        if (d < 0 || d >= ndocs) {
-            PyErr_Format(PyExc_ValueError, "fill_window: %zd tokens from document %zd token %zd run past the "
-                         "window's %zd documents", size, pos, offset, ndocs);
-            goto done;
+        int64_t f, st, n, extent;
+        if (d < 0 || d >= w->ndocs) {
+            PyErr_Format(PyExc_ValueError, "%s: %zd tokens from document %zd token %zd run past the window's %zd "
+                         "documents", fn, size, pos, offset, w->ndocs);
+            return -1;
         }
-        f = arr_at(&dframe, d);
-        st = arr_at(&dstart, d);
-        n = arr_at(&dlen, d);
-        if (f < 0 || f >= nframes || st < 0 || n < 0) {
-            PyErr_Format(PyExc_ValueError, "fill_window: document %zd names frame %lld of %zd, bytes from %lld, "
-                         "%lld tokens", d, (long long)f, nframes, (long long)st, (long long)n);
-            goto done;
+        f = arr_at(&w->frame, d);
+        st = arr_at(&w->start, d);
+        n = arr_at(&w->len, d);
+        if (f < 0 || f >= w->nframes || st < 0 || n < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: document %zd names frame %lld of %zd, bytes from %lld, %lld tokens",
+                         fn, d, (long long)f, w->nframes, (long long)st, (long long)n);
+            return -1;
         }
-        if (!held[f]) {
-            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, f), &fb[f], PyBUF_C_CONTIGUOUS) < 0) {
+        if (!w->held[f]) {
+            if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(w->seq, f), &w->fb[f], PyBUF_C_CONTIGUOUS) < 0) {
                 if (!no_buffer())
-                    goto done;
+                    return -1;
                 PyErr_Clear();
-                result = Py_None;
-                goto done;
+                return -2;
             }
-            held[f] = 1;
+            w->held[f] = 1;
         }
-        if (n > (fb[f].len - st) / itemsize) {
-            PyErr_Format(PyExc_ValueError, "fill_window: document %zd (%lld tokens from byte %lld) lies outside "
-                         "frame %lld (%zd bytes)", d, (long long)n, (long long)st, (long long)f, fb[f].len);
-            goto done;
+        if (n > (w->fb[f].len - st) / w->itemsize) {
+            PyErr_Format(PyExc_ValueError, "%s: document %zd (%lld tokens from byte %lld) lies outside frame %lld "
+                         "(%zd bytes)", fn, d, (long long)n, (long long)st, (long long)f, w->fb[f].len);
+            return -1;
         }
-        extent = n + has_eos;
+        extent = n + w->has_eos;
         if (skip >= extent) {
-            PyErr_Format(PyExc_ValueError, "fill_window: token %zd is outside document %zd (%lld tokens)", skip, d,
+            PyErr_Format(PyExc_ValueError, "%s: token %zd is outside document %zd (%lld tokens)", fn, skip, d,
                          (long long)extent);
-            goto done;
+            return -1;
         }
-        take = extent - skip < left ? extent - skip : left;
-        left -= take;
+        left -= extent - skip < left ? extent - skip : left;
         skip = 0;
     }
-    d_end = d;
-    Py_BEGIN_ALLOW_THREADS
-    {
-        char *grid = tokens.view.buf;
-        at = filled;
-        left = size;
-        skip = offset;
-        for (d = pos; d < d_end && d < pos + PREFETCH_DOCS; d++)
-            prefetch_span((const char *)fb[arr_at(&dframe, d)].buf + arr_at(&dstart, d), arr_at(&dlen, d) * itemsize);
-        for (d = pos; left > 0; d++) {
-            Py_ssize_t f = (Py_ssize_t)arr_at(&dframe, d), n = (Py_ssize_t)arr_at(&dlen, d);
-            const char *src = (const char *)fb[f].buf + arr_at(&dstart, d);
-            if (d + PREFETCH_DOCS < d_end)
-                prefetch_span((const char *)fb[arr_at(&dframe, d + PREFETCH_DOCS)].buf +
-                                  arr_at(&dstart, d + PREFETCH_DOCS),
-                              arr_at(&dlen, d + PREFETCH_DOCS) * itemsize);
-            if (skip < n) {
-                Py_ssize_t m = n - skip < left ? n - skip : left;
-                at = copy_wrapped(grid, row_stride, itemsize, T, at, src + skip * itemsize, m);
-                left -= m;
-            }
-            if (left > 0 && has_eos) {
-                at = copy_wrapped(grid, row_stride, itemsize, T, at, (const char *)eos_item, 1);
-                left -= 1;
-            }
-            skip = 0;
+    return d;
+}
+
+static inline const char *doc_bytes(const Docs *w, Py_ssize_t d)
+{
+    return (const char *)w->fb[arr_at(&w->frame, d)].buf + arr_at(&w->start, d);
+}
+
+/* Copies the ``size`` tokens from token ``offset`` of document ``pos`` on (held by
+ * ``docs_hold``, up to document ``d_end``) into the grid from flat position ``at``; the
+ * position after them. ``taken``: where to count each document's tokens copied, or NULL.
+ * Runs without the GIL. */
+static Py_ssize_t docs_copy(const Docs *w, const Grid *g, char *grid, Py_ssize_t pos, Py_ssize_t offset,
+                            Py_ssize_t size, Py_ssize_t d_end, Py_ssize_t at, int64_t *taken)
+{
+    Py_ssize_t left = size, skip = offset, d, itemsize = w->itemsize;
+    for (d = pos; d < d_end && d < pos + PREFETCH_DOCS; d++)
+        prefetch_span(doc_bytes(w, d), arr_at(&w->len, d) * itemsize);
+    for (d = pos; left > 0; d++) {
+        Py_ssize_t n = (Py_ssize_t)arr_at(&w->len, d), was = left;
+        const char *src = doc_bytes(w, d);
+        if (d + PREFETCH_DOCS < d_end)
+            prefetch_span(doc_bytes(w, d + PREFETCH_DOCS), arr_at(&w->len, d + PREFETCH_DOCS) * itemsize);
+        if (skip < n) {
+            Py_ssize_t m = n - skip < left ? n - skip : left;
+            at = copy_wrapped(grid, g->row_stride, itemsize, g->T, at, src + skip * itemsize, m);
+            left -= m;
         }
+        if (left > 0 && w->has_eos) {
+            at = copy_wrapped(grid, g->row_stride, itemsize, g->T, at, (const char *)w->eos_item, 1);
+            left -= 1;
+        }
+        if (taken != NULL)
+            taken[d - pos] = was - left;
+        skip = 0;
     }
+    return at;
+}
+
+static PyObject *core_fill_window(PyObject *self, PyObject *args)
+{
+    PyObject *o_frames, *o_frame, *o_start, *o_len, *o_tokens, *result = NULL;
+    long long eos;
+    Py_ssize_t pos, offset, size, filled, d_end, at;
+    Arr tokens = {0};
+    Docs w = {0};
+    Grid grid;
+
+    if (!PyArg_ParseTuple(args, "OOOOLnnnOn:fill_window", &o_frames, &o_frame, &o_start, &o_len, &eos, &pos,
+                          &offset, &size, &o_tokens, &filled))
+        return NULL;
+    if (grid_get(o_tokens, &tokens, &grid, filled, "fill_window") < 0 ||
+        docs_get(&w, o_frames, o_frame, o_start, o_len, eos, grid.itemsize, "fill_window") < 0)
+        goto done;
+    if (size < 0 || size > grid.rows * grid.T - filled) {
+        PyErr_Format(PyExc_ValueError, "fill_window: %zd tokens from position %zd do not fit the %zd of the grid",
+                     size, filled, grid.rows * grid.T);
+        goto done;
+    }
+    if ((d_end = docs_hold(&w, pos, offset, size, "fill_window")) < 0) {
+        if (d_end == -2)
+            result = Py_None;
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    at = docs_copy(&w, &grid, tokens.view.buf, pos, offset, size, d_end, filled, NULL);
     Py_END_ALLOW_THREADS
     result = PyLong_FromSsize_t(at - filled);
     goto release;
@@ -618,17 +686,145 @@ static PyObject *core_fill_window(PyObject *self, PyObject *args)
 done:
     Py_XINCREF(result);
 release:
-    if (held != NULL)
-        for (d = 0; d < nframes; d++)
-            if (held[d])
-                PyBuffer_Release(&fb[d]);
-    PyMem_Free(fb);
-    PyMem_Free(held);
-    Py_XDECREF(seq);
+    docs_release(&w);
     arr_release(&tokens);
-    arr_release(&dframe);
-    arr_release(&dstart);
-    arr_release(&dlen);
+    return result;
+}
+
+/* A writable C-contiguous array of ``n`` items of ``kind`` and ``size`` bytes (``rows`` of
+ * them, where rows > 1): 0 with ``view`` held, or -1 with TypeError. */
+static int column_get(PyObject *obj, Py_buffer *view, Py_ssize_t n, char kind, int size, const char *name)
+{
+    char got;
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (parse_format(view->format, view->itemsize, &got) < 0 || got != kind || view->itemsize != size ||
+        view->len != n * size) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "window_block: %s must be a C-contiguous array of %zd items of %d bytes",
+                     name, n, size);
+        return -1;
+    }
+    return 0;
+}
+
+/* Where token ``k`` of document ``d``, counted with its EOS, lies (held by docs_hold). */
+static inline const char *doc_item(const Docs *w, Py_ssize_t d, int64_t k)
+{
+    return k < arr_at(&w->len, d) ? doc_bytes(w, d) + k * w->itemsize : (const char *)w->eos_item;
+}
+
+static PyObject *core_window_block(PyObject *self, PyObject *args)
+{
+    PyObject *o_frames, *o_frame, *o_start, *o_len, *o_shard, *o_record, *o_tokens, *o_cols, *o_shard32,
+        *o_stream16, *o_continues, *result = NULL;
+    long long eos;
+    Py_ssize_t pos, offset, D, d_end, i;
+    int stream;
+    Arr tokens = {0}, shard = {0}, record = {0};
+    Docs w = {0};
+    Grid grid;
+    Py_buffer cols, shard32, stream16, continues;
+    int held = 0, ok;
+
+    if (!PyArg_ParseTuple(args, "OOOOLnniOOOOOOO:window_block", &o_frames, &o_frame, &o_start, &o_len, &eos,
+                          &pos, &offset, &stream, &o_shard, &o_record, &o_tokens, &o_cols, &o_shard32,
+                          &o_stream16, &o_continues))
+        return NULL;
+    if (grid_get(o_tokens, &tokens, &grid, 0, "window_block") < 0 ||
+        docs_get(&w, o_frames, o_frame, o_start, o_len, eos, grid.itemsize, "window_block") < 0)
+        goto done;
+    if ((ok = arr_get(o_shard, &shard, 1, 0)) <= 0 || (ok = arr_get(o_record, &record, 1, 0)) <= 0) {
+        if (ok == 0)
+            PyErr_SetString(PyExc_TypeError, "window_block: shard and record must be 1-D integer arrays");
+        goto done;
+    }
+    if (shard.view.shape[0] != w.ndocs || record.view.shape[0] != w.ndocs) {
+        PyErr_SetString(PyExc_ValueError, "window_block: shard and record differ in length from the documents");
+        goto done;
+    }
+    if (PyObject_GetBuffer(o_continues, &continues, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        goto done;
+    D = continues.len;
+    PyBuffer_Release(&continues);
+    if (column_get(o_cols, &cols, 4 * D, 'i', 8, "columns") < 0)
+        goto done;
+    held = 1;
+    if (column_get(o_shard32, &shard32, D, 'i', 4, "shard") < 0)
+        goto done;
+    held = 2;
+    if (column_get(o_stream16, &stream16, D, 'i', 2, "stream") < 0)
+        goto done;
+    held = 3;
+    if (column_get(o_continues, &continues, D, 'b', 1, "continues") < 0)
+        goto done;
+    held = 4;
+    /* the batch and the token after it, which the last row's column T holds */
+    if ((d_end = docs_hold(&w, pos, offset, grid.rows * grid.T + 1, "window_block")) < 0) {
+        if (d_end == -2)
+            result = Py_None;
+        goto done;
+    }
+    {
+        int64_t *start = cols.buf, *length = start + D, *rec = length + D, *token_start = rec + D;
+        int32_t *sh = shard32.buf;
+        int16_t *st = stream16.buf;
+        char *cont = continues.buf, *g = tokens.view.buf;
+        Py_ssize_t size = grid.rows * grid.T, last, r;
+        int64_t sum = 0, used, extent;
+        /* the documents the batch touches: as many as the pieces the caller counted */
+        used = offset;
+        for (last = pos, sum = 0; last + 1 < d_end; last++) {
+            extent = arr_at(&w.len, last) + w.has_eos;
+            if (sum + extent - used >= size)
+                break;
+            sum += extent - used;
+            used = 0;
+        }
+        if (last - pos + 1 != D) {
+            PyErr_Format(PyExc_ValueError, "window_block: the batch touches %zd documents, not the %zd pieces given",
+                         last - pos + 1, D);
+            goto done;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        docs_copy(&w, &grid, g, pos, offset, size, d_end, 0, length);
+        for (r = 0; r + 1 < grid.rows; r++)  /* column T: the token after each row, the next row's first */
+            memcpy(g + r * grid.row_stride + grid.T * grid.itemsize, g + (r + 1) * grid.row_stride,
+                   (size_t)grid.itemsize);
+        Py_END_ALLOW_THREADS
+        sum = 0;
+        for (i = 0; i < D; i++) {
+            start[i] = sum;
+            sum += length[i];
+            rec[i] = arr_at(&record, pos + i);
+            sh[i] = (int32_t)arr_at(&shard, pos + i);
+            st[i] = (int16_t)stream;
+            token_start[i] = i == 0 ? offset : 0;
+            cont[i] = 0;
+        }
+        /* the last piece: cut short of its document's end, or ending it */
+        used = (D == 1 ? offset : 0) + length[D - 1];
+        extent = arr_at(&w.len, last) + w.has_eos;
+        cont[D - 1] = used < extent;
+        memcpy(g + (grid.rows - 1) * grid.row_stride + grid.T * grid.itemsize,
+               used < extent ? doc_item(&w, last, used) : doc_item(&w, last + 1, 0), (size_t)grid.itemsize);
+    }
+    result = Py_True;
+
+done:
+    Py_XINCREF(result);
+    if (held >= 1)
+        PyBuffer_Release(&cols);
+    if (held >= 2)
+        PyBuffer_Release(&shard32);
+    if (held >= 3)
+        PyBuffer_Release(&stream16);
+    if (held >= 4)
+        PyBuffer_Release(&continues);
+    docs_release(&w);
+    arr_release(&tokens);
+    arr_release(&shard);
+    arr_release(&record);
     return result;
 }
 
@@ -792,6 +988,11 @@ static PyMethodDef core_methods[] = {
      "As fill_rows, the parts being a shuffle window's documents read from its decoded frames (document d: "
      "doc_len[d] tokens from byte doc_start[d] of frames[doc_frame[d]], then eos where eos >= 0), size tokens "
      "from token offset of document pos on; None (nothing written) where a frame has no contiguous buffer."},
+    {"window_block", core_window_block, METH_VARARGS,
+     "window_block(frames, doc_frame, doc_start, doc_len, eos, pos, offset, stream, shard, record, tokens, columns, "
+     "shard32, stream16, continues) -> True | None\n\nA whole [R, T+1] batch from one shuffle window, from token "
+     "offset of document pos on: its tokens, the token after each row in column T, and its pieces' columns; None "
+     "(nothing written) where a frame has no contiguous buffer."},
     {"member_check", core_member_check, METH_VARARGS,
      "member_check(raw, token_offset, num_tokens, meta_offset, meta_size, head, itemsize) -> int | tuple | None\n\n"
      "The first record of a frame whose tar member has another size than its index row gives, as "

@@ -171,6 +171,27 @@ class Interleaver:
             return None
         return stream, self._take(stream, n, 1 + self._extra_docs(stream, self.sources[stream]))
 
+    def take_block(self, ext, grid: np.ndarray) -> dict | None:
+        """A whole batch of one stream in one compiled call: the [R, T+1] ``grid`` filled, each
+        row's column T holding the token after it (the stream's next token after the last
+        row), and the batch's piece columns, where one stream is active and its loaded window
+        holds the batch and the token after it (``ShuffleBuffer.take_block``); the counters
+        move as ``take_run`` and ``peek_token`` move them. None otherwise, nothing taken."""
+        if self._mixing:
+            return None
+        stream = self.next_stream()
+        if stream < 0 or not self.active[stream]:
+            return None
+        got = self.sources[stream].take_block(ext, stream, grid)
+        if got is None:
+            return None
+        pieces, done, begun = got
+        self._stretch = None
+        self.emitted[stream] += begun  # as _take counts the documents after the first
+        self.current = -1 if done else stream
+        self.next_stream()  # the document of the token after the batch, as peek_token commits to it
+        return pieces
+
     def _planned(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``_schedule(n)``, cut from a longer stretch of the schedule computed once for every
         document the streams' windows show (``_stretch``: streams, tokens left, next entry).

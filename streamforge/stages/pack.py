@@ -217,6 +217,9 @@ class Packer:
         T = self.seq_len
         need = num_rows * T
         tokens = np.empty((num_rows, T + 1), self.dtype) if out is None else out
+        pieces = self.source.take_block(ext, tokens)  # the whole batch from one window, in one call
+        if pieces is not None:
+            return RowBatch(tokens=tokens, lookahead=np.ones(num_rows, bool), **pieces)
 
         def place(run, filled: int) -> None:
             if run.copy_into_grid(ext, tokens, filled) != run.size:  # parts it does not take

@@ -340,6 +340,26 @@ class ShuffleBuffer:
             self.token_offset = stop - window.offsets[self.pos]
         return run
 
+    def take_block(self, ext, stream: int, grid: np.ndarray) -> tuple[dict, bool, int] | None:
+        """A whole batch of the loaded window in one compiled call (``Window.block``), as
+        ``take_run`` would take it: ``(pieces, done, tokens of the documents begun after the
+        current one)``; None where the window cannot give it."""
+        if not self.loaded:
+            return None
+        window = self._window
+        got = window.block(ext, self.pos, self.token_offset, stream, grid)
+        if got is None:
+            return None
+        pieces, docs, stop, done = got
+        offsets, pos = window.offsets, self.pos
+        begun = offsets[pos + docs] - offsets[pos + 1] if docs > 1 else 0
+        if done:
+            self._advance(docs)
+        else:
+            self._advance(docs - 1)
+            self.token_offset = stop - offsets[self.pos]
+        return pieces, done, begun
+
     def _advance(self, docs: int) -> None:
         if docs == 0:
             return

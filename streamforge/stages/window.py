@@ -234,3 +234,32 @@ class Window:
             return None
         return ext.fill_window(spans.frames, spans.frame, spans.start, spans.length,
                                -1 if self.eos_id is None else self.eos_id, pos, token_offset, size, grid, filled)
+
+    def block(self, ext, pos: int, token_offset: int, stream: int, grid: np.ndarray) -> tuple | None:
+        """A whole batch from this window with the compiled core: the [R, T+1] ``grid`` filled
+        with the R*T tokens from token ``token_offset`` of document ``pos`` on, each row's
+        column T holding the token after it, as ``(pieces, documents begun, stop, done)``, the
+        pieces being the RowBatch columns (``run`` and the packer's ``_join_runs`` give the
+        same). None where the window is not read whole or the batch and the token after it do
+        not lie in it: the packer then takes runs."""
+        spans = self.spans
+        if spans is None or grid.dtype.itemsize != self.dtype.itemsize:
+            return None
+        offsets = self.offsets
+        rows, width = grid.shape
+        limit = offsets[pos] + token_offset + rows * (width - 1)
+        if limit >= offsets[-1]:
+            return None
+        last = bisect.bisect_right(offsets, limit) - 1  # documents before it end at or before the limit
+        done = offsets[last] == limit
+        docs = last - pos + (not done)
+        columns = np.empty((4, docs), np.int64)
+        shard, streams, continues = np.empty(docs, np.int32), np.empty(docs, np.int16), np.empty(docs, bool)
+        if ext.window_block(spans.frames, spans.frame, spans.start, spans.length,
+                            -1 if self.eos_id is None else self.eos_id, pos, token_offset, stream, self.shard,
+                            self.record, grid, columns, shard, streams, continues) is None:
+            return None
+        start, length, record, token_start = columns
+        pieces = {"start": start, "length": length, "stream": streams, "shard": shard, "record": record,
+                  "token_start": token_start, "continues": continues}
+        return pieces, docs, limit, done
