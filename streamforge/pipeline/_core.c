@@ -77,6 +77,17 @@
 
 #define IGNORE_INDEX (-100)
 
+/* A loop worth an AVX2 build beside the baseline one, chosen when the module loads (GCC's
+ * function multi-versioning; it needs the C library's ifunc, hence glibc on x86-64). */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define HOT_LOOP __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef HOT_LOOP
+#define HOT_LOOP
+#endif
+
 /* An integer (or bool) array: its buffer, and how to read an item. */
 typedef struct {
     Py_buffer view;
@@ -181,7 +192,7 @@ static inline int64_t arr_at(const Arr *a, Py_ssize_t i)
 }
 
 /* ``n`` contiguous items of ``kind``/``size`` from ``src``, widened into ``dst`` (int64). */
-static void widen(int64_t *dst, const char *src, Py_ssize_t n, char kind, int size)
+static inline void widen(int64_t *dst, const char *src, Py_ssize_t n, char kind, int size)
 {
     Py_ssize_t j;
 #define WIDEN(T)                                  \
@@ -229,6 +240,81 @@ static int out_get(PyObject *obj, Py_buffer *view, void **data, Py_ssize_t n, in
     return 1;
 }
 
+/* expand's pass over the batch (the inputs checked; runs without the GIL). Built for AVX2 as
+ * well where the compiler and C library can pick the build at load time: the loops are
+ * stores of widened items, twice as wide per instruction there. */
+HOT_LOOP static void expand_fill(const Arr *tokens, const Arr *lookahead, const Arr *start, const Arr *length,
+                                 const Arr *stream, const Arr *continues, int document, Py_ssize_t rows,
+                                 Py_ssize_t T, Py_ssize_t P, void *data[5])
+{
+    int64_t *input_ids = data[0], *labels = data[1], *positions = data[2];
+    Py_ssize_t size = rows * T, p, r, i;
+    int32_t *doc_ids = data[3], *source_ids = data[4];
+    const char *tok = tokens->view.buf;
+    Py_ssize_t row_stride = tokens->view.strides[0];
+    Py_ssize_t cur_row = -1, row_first = 0;
+    int64_t prev_end = 0;
+
+    for (r = 0; r < rows; r++) {
+        if (input_ids)
+            widen(input_ids + r * T, tok + r * row_stride, T, tokens->kind, tokens->size);
+        if (labels)  /* the next token: labels are shifted exactly once, here */
+            widen(labels + r * T, tok + r * row_stride + tokens->size, T, tokens->kind, tokens->size);
+    }
+    for (p = 0; p <= P; p++) {
+        int64_t s = p < P ? arr_at(start, p) : (int64_t)size;
+        int64_t e = p < P ? s + arr_at(length, p) : (int64_t)size;
+        /* padding before the piece (or after the last one) */
+        if (s > prev_end) {
+            Py_ssize_t a = (Py_ssize_t)prev_end, n = (Py_ssize_t)(s - prev_end);
+            if (labels)
+                for (i = 0; i < n; i++) labels[a + i] = IGNORE_INDEX;
+            if (positions)
+                memset(positions + a, 0, n * sizeof(int64_t));
+            if (doc_ids)
+                memset(doc_ids + a, 0xff, n * sizeof(int32_t));  /* -1 */
+            if (source_ids)
+                memset(source_ids + a, 0xff, n * sizeof(int32_t));
+        }
+        if (p == P)
+            break;
+        {
+            int32_t src = (int32_t)arr_at(stream, p);
+            Py_ssize_t a = (Py_ssize_t)s;
+            while (a < e) {  /* the piece's part in each row it touches */
+                Py_ssize_t row = a / T, b = (row + 1) * T < e ? (row + 1) * T : (Py_ssize_t)e, n = b - a;
+                if (row != cur_row) {  /* doc ids count the pieces of a row from 0 */
+                    cur_row = row;
+                    row_first = p;
+                }
+                if (positions)
+                    for (i = 0; i < n; i++) positions[a + i] = i;
+                if (doc_ids) {
+                    int32_t d = (int32_t)(p - row_first);
+                    for (i = 0; i < n; i++) doc_ids[a + i] = d;
+                }
+                if (source_ids)
+                    for (i = 0; i < n; i++) source_ids[a + i] = src;
+                a = b;
+            }
+        }
+        if (labels && !arr_at(continues, p)) {  /* the piece ends its document */
+            int64_t last = e - 1;
+            int ignore;
+            if (document) {
+                ignore = 1;
+            } else if (e % T == 0) {  /* at a row end: -100 unless the next token is known */
+                ignore = !arr_at(lookahead, (Py_ssize_t)(last / T));
+            } else {  /* mid-row: -100 where padding follows */
+                ignore = !(p + 1 < P && arr_at(start, p + 1) == e);
+            }
+            if (ignore)
+                labels[last] = IGNORE_INDEX;
+        }
+        prev_end = e;
+    }
+}
+
 static PyObject *core_expand(PyObject *self, PyObject *args)
 {
     PyObject *o_tokens, *o_lookahead, *o_start, *o_length, *o_stream, *o_continues;
@@ -241,7 +327,7 @@ static PyObject *core_expand(PyObject *self, PyObject *args)
     void *data[5] = {NULL, NULL, NULL, NULL, NULL};
     int held[5] = {0, 0, 0, 0, 0};
     PyObject *result = NULL;
-    Py_ssize_t rows, width, T, size, P, p, r, i;
+    Py_ssize_t rows, width, T, size, P, p, i;
     int ok;
 
     if (!PyArg_ParseTuple(args, "OOOOOOpOOOOO:expand", &o_tokens, &o_lookahead, &o_start, &o_length, &o_stream,
@@ -285,73 +371,7 @@ static PyObject *core_expand(PyObject *self, PyObject *args)
     }
 
     Py_BEGIN_ALLOW_THREADS
-    {
-        int64_t *input_ids = data[0], *labels = data[1], *positions = data[2];
-        int32_t *doc_ids = data[3], *source_ids = data[4];
-        const char *tok = tokens.view.buf;
-        Py_ssize_t row_stride = tokens.view.strides[0];
-        Py_ssize_t cur_row = -1, row_first = 0;
-        int64_t prev_end = 0;
-
-        for (r = 0; r < rows; r++) {
-            if (input_ids)
-                widen(input_ids + r * T, tok + r * row_stride, T, tokens.kind, tokens.size);
-            if (labels)  /* the next token: labels are shifted exactly once, here */
-                widen(labels + r * T, tok + r * row_stride + tokens.size, T, tokens.kind, tokens.size);
-        }
-        for (p = 0; p <= P; p++) {
-            int64_t s = p < P ? arr_at(&start, p) : (int64_t)size;
-            int64_t e = p < P ? s + arr_at(&length, p) : (int64_t)size;
-            /* padding before the piece (or after the last one) */
-            if (s > prev_end) {
-                Py_ssize_t a = (Py_ssize_t)prev_end, n = (Py_ssize_t)(s - prev_end);
-                if (labels)
-                    for (i = 0; i < n; i++) labels[a + i] = IGNORE_INDEX;
-                if (positions)
-                    memset(positions + a, 0, n * sizeof(int64_t));
-                if (doc_ids)
-                    memset(doc_ids + a, 0xff, n * sizeof(int32_t));  /* -1 */
-                if (source_ids)
-                    memset(source_ids + a, 0xff, n * sizeof(int32_t));
-            }
-            if (p == P)
-                break;
-            {
-                int32_t src = (int32_t)arr_at(&stream, p);
-                Py_ssize_t a = (Py_ssize_t)s;
-                while (a < e) {  /* the piece's part in each row it touches */
-                    Py_ssize_t row = a / T, b = (row + 1) * T < e ? (row + 1) * T : (Py_ssize_t)e, n = b - a;
-                    if (row != cur_row) {  /* doc ids count the pieces of a row from 0 */
-                        cur_row = row;
-                        row_first = p;
-                    }
-                    if (positions)
-                        for (i = 0; i < n; i++) positions[a + i] = i;
-                    if (doc_ids) {
-                        int32_t d = (int32_t)(p - row_first);
-                        for (i = 0; i < n; i++) doc_ids[a + i] = d;
-                    }
-                    if (source_ids)
-                        for (i = 0; i < n; i++) source_ids[a + i] = src;
-                    a = b;
-                }
-            }
-            if (labels && !arr_at(&continues, p)) {  /* the piece ends its document */
-                int64_t last = e - 1;
-                int ignore;
-                if (document) {
-                    ignore = 1;
-                } else if (e % T == 0) {  /* at a row end: -100 unless the next token is known */
-                    ignore = !arr_at(&lookahead, (Py_ssize_t)(last / T));
-                } else {  /* mid-row: -100 where padding follows */
-                    ignore = !(p + 1 < P && arr_at(&start, p + 1) == e);
-                }
-                if (ignore)
-                    labels[last] = IGNORE_INDEX;
-            }
-            prev_end = e;
-        }
-    }
+    expand_fill(&tokens, &lookahead, &start, &length, &stream, &continues, document, rows, T, P, data);
     Py_END_ALLOW_THREADS
     result = Py_True;
 
