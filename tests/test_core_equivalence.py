@@ -527,6 +527,27 @@ def test_workers_and_resumes_give_the_numpy_batches(tmp_path, packing):
         assert len(resumed) == len(whole) - at
 
 
+@needs_core
+def test_one_stream_workers_build_their_batches_in_one_call(tmp_path):
+    """One stream and forked workers: each worker builds its batches straight into its ring
+    slot in one compiled call (``window_block``) wherever a window holds the batch, and the
+    batches and states are the numpy path's; a state saved mid-pass resumes into the same
+    batches."""
+    corpus = _corpus(tmp_path, [[40, 7, 130, 66, 300, 12, 90, 5] * 8], 5)
+
+    def make(workers=2):
+        return loader(dataset(corpus, seq_len=24, provenance=True, seed=2), batch_size=3, num_workers=workers)
+
+    got = _pass(make, COMPILED)
+    _assert_same_pass(got, _pass(make, None))
+    whole, _ = got
+    at = len(whole) // 2
+    resumed, _ = _pass(lambda: _resumed(make(), whole[at - 1][1]), COMPILED)
+    assert len(resumed) == len(whole) - at
+    for i, ((a, _), (b, _)) in enumerate(zip(resumed, whole[at:])):
+        assert_same_batch(a, b, f"resumed batch {i}")
+
+
 def _resumed(ldr, state):
     ldr.load_state_dict(state, strict=True)
     return ldr
