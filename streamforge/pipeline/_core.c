@@ -763,10 +763,8 @@ static PyObject *core_window_block(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "window_block: shard and record differ in length from the documents");
         goto done;
     }
-    if (PyObject_GetBuffer(o_continues, &continues, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+    if ((D = PyObject_Length(o_continues)) < 0)  /* the pieces: as many as continues has items */
         goto done;
-    D = continues.len;
-    PyBuffer_Release(&continues);
     if (column_get(o_cols, &cols, 4 * D, 'i', 8, "columns") < 0)
         goto done;
     held = 1;

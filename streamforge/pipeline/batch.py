@@ -166,22 +166,19 @@ def _expand_compiled(ext, batch: RowBatch, boundary: str, fields: tuple[str, ...
     """``fields`` filled by the compiled core in one pass; None for a layout it leaves to numpy."""
     rows, width = batch.tokens.shape
     shape = (rows, width - 1)
-    names, dtypes = _wanted(tuple(fields))
     empty = np.empty
-    arrays = [None if dtype is None else empty(shape, dtype) for dtype in dtypes]
+    arrays = [None if dtype is None else empty(shape, dtype) for dtype in _wanted(tuple(fields))]
     if not ext.expand(batch.tokens, batch.lookahead, batch.start, batch.length, batch.stream, batch.continues,
                       boundary == "document", *arrays):
         return None
     from_numpy = torch.from_numpy
-    return {name: from_numpy(values) for name, values in zip(names, [a for a in arrays if a is not None])}
+    return {name: from_numpy(values) for name, values in zip(FIELDS, arrays) if values is not None}
 
 
 @functools.lru_cache(maxsize=64)
-def _wanted(fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[type | None, ...]]:
-    """The contract fields ``fields`` asks for, in order, and the dtype of each of the five
-    (None where it is left out)."""
-    names = tuple(name for name in FIELDS if name in fields)
-    return names, tuple((np.int32 if name in _INT32 else np.int64) if name in fields else None for name in FIELDS)
+def _wanted(fields: tuple[str, ...]) -> tuple[type | None, ...]:
+    """The dtype of each of the five contract fields, None where ``fields`` leaves it out."""
+    return tuple((np.int32 if name in _INT32 else np.int64) if name in fields else None for name in FIELDS)
 
 
 def _expand_numpy(batch: RowBatch, boundary: str, fields: tuple[str, ...]) -> dict[str, torch.Tensor]:

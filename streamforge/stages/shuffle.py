@@ -333,11 +333,7 @@ class ShuffleBuffer:
         first; only the last may be cut short (``Window.run``)."""
         window = self._window
         run, docs, stop = window.run(self.pos, self.token_offset, n, max_docs)
-        if run.done:
-            self._advance(docs)
-        else:
-            self._advance(docs - 1)
-            self.token_offset = stop - window.offsets[self.pos]
+        self._move_past(docs, stop, run.done)
         return run
 
     def take_block(self, ext, stream: int, grid: np.ndarray) -> tuple[dict, bool, int] | None:
@@ -353,12 +349,17 @@ class ShuffleBuffer:
         pieces, docs, stop, done = got
         offsets, pos = window.offsets, self.pos
         begun = offsets[pos + docs] - offsets[pos + 1] if docs > 1 else 0
+        self._move_past(docs, stop, done)
+        return pieces, done, begun
+
+    def _move_past(self, docs: int, stop: int, done: bool) -> None:
+        """The cursor after a run of ``docs`` documents begun that stops at window offset
+        ``stop``: past all of them where the last one is ``done``, else inside the last."""
         if done:
             self._advance(docs)
         else:
             self._advance(docs - 1)
-            self.token_offset = stop - offsets[self.pos]
-        return pieces, done, begun
+            self.token_offset = stop - self._window.offsets[self.pos]
 
     def _advance(self, docs: int) -> None:
         if docs == 0:
