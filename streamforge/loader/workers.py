@@ -268,10 +268,11 @@ class _Ring:
 
     def ship(self, message: list[WorkerBatch]):
         """``message`` as it goes on the queue: ``("ring", worker, seq, shared or None, used,
-        items, layout)``, the batches' arrays written to the slot field by field (each field
-        of all the message's batches end to end: one copy a field, not one an array) and
-        each item's batch replaced by None; ``layout`` says where each field lies in the slot
-        and each batch's length in it. ``("whole", items)`` when the message does not fit, or
+        batches, layout)``, the batches' arrays written to the slot field by field (each field
+        of all the message's batches end to end: one copy a field, not one an array) and the
+        rest of its items as columns (``batches``: the logical worker, each batch's step and
+        state, the first's storage counters and skipped records); ``layout`` says where each
+        field lies in the slot and each batch's length in it. ``("whole", items)`` when the message does not fit, or
         its batches do not share each field's dtype and row shape."""
         fields = [[getattr(item.rows, name) for item in message] for name in _FIELDS]
         sizes = [sum(a.nbytes for a in arrays) for arrays in fields]
@@ -297,8 +298,10 @@ class _Ring:
         shared = None if self.announced else self.shared
         self.announced = True
         self.sent += 1
-        items = [dataclasses.replace(item, rows=None) for item in message]
-        return ("ring", self.worker, self.sent - 1, shared, at, items, layout)
+        first = message[0]  # the batches as columns: a list pickles faster than its objects
+        batches = (first.logical, [item.step for item in message], [item.state for item in message],
+                   first.stats, first.skipped)
+        return ("ring", self.worker, self.sent - 1, shared, at, batches, layout)
 
     def _detached(self, message: list[WorkerBatch]) -> list[WorkerBatch]:
         """``message`` to travel whole: tokens built in the slot are copied out, as the slot is
@@ -352,7 +355,7 @@ class _Rings:
             return message, None
         if message[0] == "whole":
             return message[1], None
-        _, worker, seq, shared, used, items, layout = message
+        _, worker, seq, shared, used, (logical, steps, states, stats, skipped), layout = message
         if shared is not None:
             self.memory[worker] = shared.numpy()
         memory = self.memory[worker]
@@ -372,8 +375,9 @@ class _Rings:
         def release() -> None:
             header[0] = seq + 1  # the slot may be written again
 
-        for item, arrays in zip(items, zip(*columns)):
-            item.rows = RowBatch(*arrays)
+        items = [WorkerBatch(logical, step, RowBatch(*arrays), state)
+                 for step, state, arrays in zip(steps, states, zip(*columns))]
+        items[0].stats, items[0].skipped = stats, skipped
         return items, release
 
 

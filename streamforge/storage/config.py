@@ -7,6 +7,7 @@ the dataset is built, before training starts.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -109,6 +110,7 @@ class HedgePolicy:
 
 
 LOCAL_READ_AHEAD = (8 << 20, 1)  # (prefetch_bytes, prefetch_threads) for local files, in a worker process
+CROWDED_READ_AHEAD = (0, 1)  # ... in a worker process without a core for its fetch thread (``spare_core``)
 TRAINER_READ_AHEAD = (32 << 20, 1)  # for local files, read in the training process (0 workers)
 REMOTE_READ_AHEAD = (64 << 20, 4)  # and for object stores
 STREAM_READ_AHEAD_FLOOR = 1 << 20  # the least read-ahead a stream of several gets (bytes)
@@ -121,6 +123,31 @@ def in_worker() -> bool:
     return data is not None and data.get_worker_info() is not None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says, else all)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def spare_core(cores: int, workers: int, local_ranks: int) -> bool:
+    """Whether a DataLoader worker process has a core for a fetch thread beside its own: the
+    node's ``local_ranks`` ranks each run ``workers`` worker processes on ``cores`` cores, and
+    each worker process wants two (its pipeline, and its fetch thread decoding ahead)."""
+    return cores >= 2 * max(1, workers) * max(1, local_ranks)
+
+
+def _local_ranks() -> int:
+    """The ranks on this node, as torchrun says (``LOCAL_WORLD_SIZE``); 1 where it does not."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+def worker_has_spare_core() -> bool:
+    """``spare_core`` for this DataLoader worker process (call in one: ``in_worker``)."""
+    info = sys.modules["torch.utils.data"].get_worker_info()
+    return spare_core(usable_cores(), info.num_workers, _local_ranks())
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     """Storage options shared by every stream of a dataset.
@@ -129,8 +156,9 @@ class StorageConfig:
         prefetch_bytes: budget of bytes a pipeline (one per DataLoader worker) fetches ahead
             of its readers; 0 turns background prefetch off (reads become plain ranged
             requests). None (the default) chooses by where the stream lives and where it is
-            read: local files 8 MiB in a DataLoader worker, 32 MiB in the training process
-            (0 workers), object stores 64 MiB (``read_ahead``). The streams of a mixture share
+            read: local files 8 MiB in a DataLoader worker that has a core for its fetch
+            thread and none in one that has not, 32 MiB in the training process (0 workers),
+            object stores 64 MiB (``read_ahead``). The streams of a mixture share
             it in proportion to their largest weight in the schedule, each at least 1 MiB
             (``stream_read_ahead``), so mixing 30 streams does not hold 30 budgets.
         cache_dir: keep fetched frames on local disk under this directory (None: no cache).
@@ -204,14 +232,24 @@ class StorageConfig:
         ahead on one thread decodes much of the next window while the current one is
         packed, and a reader that still waits decodes the next queued frames itself
         (``Prefetcher(help_reader=True)``); the workers run side by side, and a larger budget
-        buys them no speed. In the training process (0 workers) the reader also builds the
-        batch contract, and 32 MiB (about two windows of frames) lets the fetch thread decode
-        what it would otherwise wait for: 1.11x the 8 MiB pass, for 22 MiB more at peak
-        (docs/storage.md, "Prefetch"). More threads cost memory (freed frames stay in each
-        thread's malloc arena) and contend for the GIL between frames. An object store answers
-        in tens of milliseconds, so a deep budget and parallel requests keep its reads ahead
-        of the reader."""
-        budget, threads = REMOTE_READ_AHEAD if not local else LOCAL_READ_AHEAD if in_worker() else TRAINER_READ_AHEAD
+        buys them no speed. That takes a core for the fetch thread beside the worker's own:
+        where the node's worker processes have fewer than two cores each (``spare_core``),
+        the fetch threads only take turns with the pipelines they feed, and each hand-over
+        of a frame between threads costs CPU time the pass lacks, so such a worker reads
+        and decodes its local frames itself (docs/storage.md gives the figures). In the
+        training process (0 workers) the reader also builds the batch contract, and 32 MiB
+        (about two windows of frames) lets the fetch thread decode what it would otherwise
+        wait for: 1.11x the 8 MiB pass, for 22 MiB more at peak (docs/storage.md,
+        "Prefetch"). More threads cost memory (freed frames stay in each thread's malloc
+        arena) and contend for the GIL between frames. An object store answers in tens of
+        milliseconds, so a deep budget and parallel requests keep its reads ahead of the
+        reader, whatever the cores."""
+        if not local:
+            budget, threads = REMOTE_READ_AHEAD
+        elif not in_worker():
+            budget, threads = TRAINER_READ_AHEAD
+        else:
+            budget, threads = LOCAL_READ_AHEAD if worker_has_spare_core() else CROWDED_READ_AHEAD
         return (budget if self.prefetch_bytes is None else self.prefetch_bytes,
                 threads if self.prefetch_threads is None else self.prefetch_threads)
 

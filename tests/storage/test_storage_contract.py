@@ -14,6 +14,7 @@ from streamforge.errors import ConfigError, ManifestError
 from streamforge.format.manifest import MANIFEST_NAME, Manifest, check_stream
 from streamforge.source import ShardSource, read_records
 from streamforge.source.readahead import HEAD_BYTES
+from streamforge.storage import config as storage_config
 from streamforge.storage.config import RetryPolicy, StorageConfig
 from streamforge.storage.open import open_url
 
@@ -186,12 +187,46 @@ class _ReadAheadIn(torch.utils.data.IterableDataset):
         yield StorageConfig().read_ahead(True), StorageConfig().read_ahead(False)
 
 
-def test_local_read_ahead_defaults_to_less_in_a_dataloader_worker():
+def _read_ahead_in_workers(workers: int) -> list[tuple]:
+    loader = torch.utils.data.DataLoader(_ReadAheadIn(), batch_size=None, num_workers=workers)
+    return [(tuple(local), tuple(remote)) for local, remote in loader]
+
+
+def test_local_read_ahead_defaults_to_less_in_a_dataloader_worker(monkeypatch):
     """In the training process (0 workers) a local stream reads 32 MiB ahead: its reader also
     builds the batch contract, and waits for frames a smaller budget leaves undecoded; a
-    DataLoader worker reads 8 MiB ahead, which buys it as much (docs/storage.md)."""
+    DataLoader worker with a core for its fetch thread reads 8 MiB ahead, which buys it as
+    much (docs/storage.md)."""
+    monkeypatch.setattr(storage_config, "usable_cores", lambda: 4)  # the forked worker sees it too
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert StorageConfig().read_ahead(True) == (32 << 20, 1)
-    loader = torch.utils.data.DataLoader(_ReadAheadIn(), batch_size=None, num_workers=1)
-    (local, remote), = list(loader)
-    assert tuple(local) == (8 << 20, 1) and tuple(remote) == (64 << 20, 4)
+    assert _read_ahead_in_workers(1) == [((8 << 20, 1), (64 << 20, 4))]
     assert StorageConfig(prefetch_bytes=4 << 20).read_ahead(True)[0] == 4 << 20
+
+
+@pytest.mark.parametrize("cores, workers, local_ranks, ahead", [
+    (2, 1, None, True), (2, 2, None, False), (4, 2, None, True), (4, 2, "2", False), (8, 2, "2", True),
+    (3, 2, "x", False),  # a LOCAL_WORLD_SIZE that is not a count reads as one rank
+])
+def test_a_worker_without_a_core_for_its_fetch_thread_reads_local_frames_itself(monkeypatch, cores, workers,
+                                                                                 local_ranks, ahead):
+    """Local read-ahead in a DataLoader worker takes a core beside the worker's own: where
+    the node's worker processes (its ranks' workers, LOCAL_WORLD_SIZE as torchrun sets it)
+    have fewer than two cores each, a worker decodes its local frames itself (0 bytes ahead;
+    docs/storage.md gives the figures). An object store keeps its read-ahead, which waits
+    on the network rather than on a core, and a budget that is set is kept."""
+    monkeypatch.setattr(storage_config, "usable_cores", lambda: cores)
+    if local_ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)
+    local = (8 << 20, 1) if ahead else (0, 1)
+    assert _read_ahead_in_workers(workers) == [(local, (64 << 20, 4))] * workers
+    assert StorageConfig().read_ahead(True) == (32 << 20, 1)  # the training process: unchanged
+
+
+def test_spare_core_counts_two_cores_a_worker_process_on_the_node():
+    assert storage_config.spare_core(cores=16, workers=8, local_ranks=1)
+    assert not storage_config.spare_core(cores=16, workers=8, local_ranks=2)
+    assert storage_config.spare_core(cores=2, workers=0, local_ranks=0)  # counts below one read as one
+    assert 1 <= storage_config.usable_cores()
