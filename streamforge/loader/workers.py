@@ -36,6 +36,7 @@ import dataclasses
 import gc
 import itertools
 import math
+import operator
 import threading
 import time
 from collections import deque
@@ -221,6 +222,7 @@ class _Ring:
         self.announced = False
         self.packing = False  # the message being built has its tokens built in its slot
         self.used, self.shape = 0, None  # bytes of the slot its tokens take so far, their first shape
+        self.outs: list[np.ndarray] = []  # the token arrays handed out for the message being built
 
     def _allocate(self) -> None:
         self.shared = _shared_bytes(self.HEADER + self.slots * self.slot_bytes)
@@ -239,7 +241,7 @@ class _Ring:
             if self.shared is None and self.messages > 0:
                 self._allocate()
             self.packing = self.shared is not None and self._slot_free()
-            self.used, self.shape = 0, shape
+            self.used, self.shape, self.outs = 0, shape, []
         nbytes = math.prod(shape) * dtype.itemsize
         # batches of a message lie end to end (a batch-size schedule may change their rows;
         # a row length that changes sends the message whole: ``ship``)
@@ -248,7 +250,9 @@ class _Ring:
             return None
         at = self.HEADER + (self.sent % self.slots) * self.slot_bytes + self.used
         self.used += nbytes
-        return self.memory[at : at + nbytes].view(dtype).reshape(shape)
+        out = self.memory[at : at + nbytes].view(dtype).reshape(shape)
+        self.outs.append(out)
+        return out
 
     def _slot_free(self) -> bool:
         """The next message's slot is free: the main process acknowledged message ``sent - slots``."""
@@ -274,8 +278,8 @@ class _Ring:
         state, the first's storage counters and skipped records); ``layout`` says where each
         field lies in the slot and each batch's length in it. ``("whole", items)`` when the message does not fit, or
         its batches do not share each field's dtype and row shape."""
-        fields = [[getattr(item.rows, name) for item in message] for name in _FIELDS]
-        sizes = [sum(a.nbytes for a in arrays) for arrays in fields]
+        fields = list(zip(*[_columns(item.rows) for item in message]))
+        sizes = [sum(map(_nbytes, arrays)) for arrays in fields]
         self.messages += 1
         if self.messages == 1 or sum(sizes) + _ALIGN * len(sizes) > self.slot_bytes or not self._free_slot():
             return ("whole", self._detached(message))
@@ -288,7 +292,7 @@ class _Ring:
             shape = (sum(lengths),) + first.shape[1:]
             try:  # batches of other dtypes or row widths cannot lie end to end
                 out = self.memory[base + at : base + at + nbytes].view(first.dtype).reshape(shape)
-                if not (at == 0 and self.packing and _in_place(arrays, out)):
+                if not (at == 0 and self.packing and self._in_place(arrays, out)):
                     np.concatenate(arrays, out=out, casting="no")  # an input in place is copied right
             except (ValueError, TypeError):
                 return ("whole", self._detached(message))
@@ -302,6 +306,15 @@ class _Ring:
         batches = (first.logical, [item.step for item in message], [item.state for item in message],
                    first.stats, first.skipped)
         return ("ring", self.worker, self.sent - 1, shared, at, batches, layout)
+
+    def _in_place(self, arrays: tuple[np.ndarray, ...], out: np.ndarray) -> bool:
+        """Whether the message's tokens lie where ``out`` starts, end to end: the very arrays
+        ``tokens_out`` handed out, in order (a pipeline builds its batch in the array it is
+        given), or else arrays found there by their addresses."""
+        outs = self.outs
+        if len(arrays) == len(outs) and all(a is o for a, o in zip(arrays, outs)):
+            return True
+        return _in_place(arrays, out)
 
     def _detached(self, message: list[WorkerBatch]) -> list[WorkerBatch]:
         """``message`` to travel whole: tokens built in the slot are copied out, as the slot is
@@ -336,6 +349,8 @@ def _shared_bytes(nbytes: int) -> torch.Tensor:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(RowBatch))
+_columns = operator.attrgetter(*_FIELDS)  # a batch's arrays, in field order
+_nbytes = operator.attrgetter("nbytes")
 _ALIGN = 8
 
 
