@@ -170,7 +170,10 @@ def plot_peers(res: dict, path: str, title: str, args) -> None:
 
 
 def peers_section(results: dict, metas: dict, args, run: dict) -> str:
-    from streamforge.storage.config import LOCAL_READ_AHEAD, REMOTE_READ_AHEAD
+    from streamforge.storage.config import LOCAL_READ_AHEAD, REMOTE_READ_AHEAD, TRAINER_READ_AHEAD, spare_core
+
+    cores = os.cpu_count() or 1
+    worker_ahead = f"{LOCAL_READ_AHEAD[0] >> 20} MiB" if spare_core(cores, 2, 1) else "none"
 
     main = min(results)
     res, meta = results[main], metas[main]
@@ -191,7 +194,9 @@ def peers_section(results: dict, metas: dict, args, run: dict) -> str:
         "(`PackedTokenDataset(url, seq_len=2048, seed=0)`, `StreamingLoader(batch_size=8)`) delivers its full "
         "batch contract: input_ids, labels, position_ids, doc_ids, source_ids, documents shuffled in "
         "8192-document windows (the first windows of each pass growing from 256), default read-ahead "
-        f"(local {LOCAL_READ_AHEAD[0] >> 20} MiB on one fetch thread, S3 {REMOTE_READ_AHEAD[0] >> 20} MiB on four), S3 read through obstore's client in the "
+        f"(local files: {TRAINER_READ_AHEAD[0] >> 20} MiB on one fetch thread in the training process, "
+        f"{LOCAL_READ_AHEAD[0] >> 20} MiB in a DataLoader worker with two cores of its own and none in one without: "
+        f"{worker_ahead} for each of 2 workers on {cores} cores; S3 {REMOTE_READ_AHEAD[0] >> 20} MiB on four), S3 read through obstore's client in the "
         "training process and over signed HTTP requests (`storage/s3http.py`) in forked workers (`StorageConfig.client='auto'`, docs/storage.md); **the peers deliver bare `[8, 2049]` int64 token blocks** "
         "(Grain as torchtitan builds it: `MapDataset.source(ArrayRecordDataSource).shuffle(0)`, "
         "`to_iter_dataset(ReadOptions(num_threads=4, prefetch_buffer_size=64))`, `ConcatThenSplitIterDataset` "
