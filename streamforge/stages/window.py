@@ -59,6 +59,7 @@ class Window:
         self.spans = spans
         self.stride = 1 if self.eos_id is None else 2
         self.eos = None if self.eos_id is None else np.array([self.eos_id], self.dtype)
+        self.eos_arg = -1 if self.eos_id is None else self.eos_id  # the compiled core's: -1 for none
         self._docs = self._parts = None
         if self.eos_id is not None:
             out_lens += 1
@@ -233,7 +234,7 @@ class Window:
         if spans is None or grid.dtype.itemsize != self.dtype.itemsize:
             return None
         return ext.fill_window(spans.frames, spans.frame, spans.start, spans.length,
-                               -1 if self.eos_id is None else self.eos_id, pos, token_offset, size, grid, filled)
+                               self.eos_arg, pos, token_offset, size, grid, filled)
 
     def block(self, ext, pos: int, token_offset: int, stream: int, grid: np.ndarray) -> tuple | None:
         """A whole batch from this window with the compiled core: the [R, T+1] ``grid`` filled
@@ -256,7 +257,7 @@ class Window:
         columns = np.empty((4, docs), np.int64)
         shard, streams, continues = np.empty(docs, np.int32), np.empty(docs, np.int16), np.empty(docs, bool)
         if ext.window_block(spans.frames, spans.frame, spans.start, spans.length,
-                            -1 if self.eos_id is None else self.eos_id, pos, token_offset, stream, self.shard,
+                            self.eos_arg, pos, token_offset, stream, self.shard,
                             self.record, grid, columns, shard, streams, continues) is None:
             return None
         start, length, record, token_start = columns
